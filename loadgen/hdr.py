@@ -1,0 +1,147 @@
+"""HdrHistogram interval histograms, done with numpy where it counts.
+
+All latencies are recorded in microseconds, 3 significant figures, 1 µs .. 1 h,
+in the standard HdrHistogram counts layout so that `encode()` gives the
+standard V2 compressed base64 blob (what `latency.hlog` and MQTT carry).
+
+Why not call `HdrHistogram.record_value` per token? It is pure Python (~2 µs a
+call) and would sit on the client's hot path. Workers append raw values to a
+flat array and turn the whole tick into counts here with one `bincount`.
+The `hdrhistogram` package still does the encoding and decoding (its codec is
+in C), so the wire format is the library's, not ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from hdrh.histogram import HdrHistogram
+
+LOWEST_US = 1
+HIGHEST_US = 3_600_000_000  # one hour
+SIGNIFICANT_FIGURES = 3
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+
+_TEMPLATE = HdrHistogram(LOWEST_US, HIGHEST_US, SIGNIFICANT_FIGURES)
+COUNTS_LEN: int = _TEMPLATE.counts_len
+_HALF_MAG: int = _TEMPLATE.sub_bucket_half_count_magnitude
+_HALF_COUNT: int = _TEMPLATE.sub_bucket_half_count
+_SUB_MASK: int = _TEMPLATE.sub_bucket_mask
+_UNIT_MAG: int = _TEMPLATE.unit_magnitude
+assert _UNIT_MAG == 0, "the index maths below assumes a lowest trackable value of 1"
+
+
+def _index_values() -> tuple[np.ndarray, np.ndarray]:
+    """Lowest and highest equivalent value of every counts index."""
+    index = np.arange(COUNTS_LEN, dtype=np.int64)
+    bucket = (index >> _HALF_MAG) - 1
+    sub = (index & (_HALF_COUNT - 1)) + _HALF_COUNT
+    first = bucket < 0
+    sub[first] -= _HALF_COUNT
+    bucket[first] = 0
+    lowest = sub << bucket
+    # the equivalent range of the top half of bucket b is 2**b wide
+    highest = lowest + (np.int64(1) << bucket) - 1
+    return lowest, highest
+
+
+LOWEST_AT, HIGHEST_AT = _index_values()
+
+
+def counts_index(values_us: np.ndarray) -> np.ndarray:
+    """Counts-array index of each (integer, µs) value, as HdrHistogram computes it."""
+    v = np.clip(values_us.astype(np.int64, copy=False), 0, HIGHEST_US)
+    # bit length of (v | mask); exact for values < 2**53
+    pow2ceiling = np.frexp((v | _SUB_MASK).astype(np.float64))[1].astype(np.int64)
+    bucket = pow2ceiling - (_HALF_MAG + 1)
+    sub = v >> bucket
+    return ((bucket + 1) << _HALF_MAG) + sub - _HALF_COUNT
+
+
+def sparse_counts(
+    values_us: np.ndarray, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, counts) of the non-empty buckets for a batch of values."""
+    if len(values_us) == 0:
+        return np.empty(0, np.int32), np.empty(0, np.int64)
+    idx = counts_index(np.rint(values_us))
+    if weights is None:
+        uniq, cnt = np.unique(idx, return_counts=True)
+        return uniq.astype(np.int32), cnt.astype(np.int64)
+    dense = np.bincount(idx, weights=weights, minlength=COUNTS_LEN)
+    nz = np.flatnonzero(dense)
+    return nz.astype(np.int32), np.rint(dense[nz]).astype(np.int64)
+
+
+def dense_from_sparse(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Sum several sparse count sets into one dense counts array."""
+    dense = np.zeros(COUNTS_LEN, np.int64)
+    for idx, cnt in pairs:
+        if len(idx):
+            np.add.at(dense, idx, cnt)
+    return dense
+
+
+def encode(dense: np.ndarray) -> str:
+    """Standard HdrHistogram V2 compressed, base64 encoded histogram of a dense counts array."""
+    h = HdrHistogram(LOWEST_US, HIGHEST_US, SIGNIFICANT_FIGURES)
+    view = np.ctypeslib.as_array(h.counts)
+    view[:] = dense
+    nz = np.flatnonzero(dense)
+    if len(nz):
+        h.set_internal_tacking_values(int(nz[0]), int(nz[-1]), int(dense.sum()))
+    return h.encode().decode("ascii")
+
+
+def decode(blob: str) -> np.ndarray:
+    """Dense counts array of an encoded histogram (ours or any standard one with our layout)."""
+    h = HdrHistogram.decode(blob.encode("ascii") if isinstance(blob, str) else blob)
+    if h.counts_len != COUNTS_LEN:
+        # a histogram with another layout: re-bucket through its values
+        dense = np.zeros(COUNTS_LEN, np.int64)
+        for item in h.get_recorded_iterator():
+            dense[counts_index(np.array([item.value_iterated_to]))[0]] += item.count_at_value_iterated_to
+        return dense
+    return np.ctypeslib.as_array(h.counts).astype(np.int64, copy=True)
+
+
+class Summary(dict):
+    """count, min, mean, p50, p90, p99, p99.9 and max of a dense histogram, in µs.
+
+    A plain dict so that it serialises as it is; empty histograms give None
+    values (shown as "–"), never zeros that look like a measurement.
+    """
+
+
+def summarize(dense: np.ndarray, percentiles: Iterable[float] = PERCENTILES) -> Summary:
+    total = int(dense.sum())
+    out = Summary(count=total)
+    keys = [f"p{p:g}" for p in percentiles]
+    if total == 0:
+        out.update(min=None, mean=None, max=None, **dict.fromkeys(keys))
+        return out
+    nz = np.flatnonzero(dense)
+    out["min"] = int(LOWEST_AT[nz[0]])
+    mid = (LOWEST_AT + HIGHEST_AT) / 2
+    out["mean"] = float((dense[nz] * mid[nz]).sum() / total)
+    cum = np.cumsum(dense)
+    for key, p in zip(keys, percentiles, strict=True):
+        out[key] = value_at_percentile(cum, total, p)
+    out["max"] = int(HIGHEST_AT[nz[-1]])
+    return out
+
+
+def value_at_percentile(cum: np.ndarray, total: int, percentile: float) -> int:
+    """HdrHistogram's definition: highest equivalent value of the bucket holding the target count."""
+    target = max(1, int(percentile / 100.0 * total + 0.5))
+    i = int(np.searchsorted(cum, target, side="left"))
+    return int(HIGHEST_AT[min(i, COUNTS_LEN - 1)])
+
+
+def percentile_curve(dense: np.ndarray, percentiles: Iterable[float]) -> list[int | None]:
+    total = int(dense.sum())
+    if total == 0:
+        return [None for _ in percentiles]
+    cum = np.cumsum(dense)
+    return [value_at_percentile(cum, total, p) for p in percentiles]
