@@ -101,7 +101,8 @@ def decode(blob: str) -> np.ndarray:
         # a histogram with another layout: re-bucket through its values
         dense = np.zeros(COUNTS_LEN, np.int64)
         for item in h.get_recorded_iterator():
-            dense[counts_index(np.array([item.value_iterated_to]))[0]] += item.count_at_value_iterated_to
+            i = counts_index(np.array([item.value_iterated_to]))[0]
+            dense[i] += item.count_at_value_iterated_to
         return dense
     return np.ctypeslib.as_array(h.counts).astype(np.int64, copy=True)
 
@@ -133,7 +134,8 @@ def summarize(dense: np.ndarray, percentiles: Iterable[float] = PERCENTILES) -> 
 
 
 def value_at_percentile(cum: np.ndarray, total: int, percentile: float) -> int:
-    """HdrHistogram's definition: highest equivalent value of the bucket holding the target count."""
+    """HdrHistogram's definition: the highest equivalent value of the bucket that holds
+    the target count."""
     target = max(1, int(percentile / 100.0 * total + 0.5))
     i = int(np.searchsorted(cum, target, side="left"))
     return int(HIGHEST_AT[min(i, COUNTS_LEN - 1)])

@@ -174,7 +174,8 @@ def from_json(data: bytes | str) -> Snapshot:
     snap = _decoder.decode(data)
     if snap.v != SNAPSHOT_VERSION:
         raise SnapshotVersionError(
-            f"snapshot format version {snap.v} is not supported (this tokentop reads {SNAPSHOT_VERSION})"
+            f"snapshot format version {snap.v} is not supported "
+            f"(this tokentop reads {SNAPSHOT_VERSION})"
         )
     return snap
 

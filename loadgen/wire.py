@@ -1,0 +1,85 @@
+"""Messages between the coordinator and its worker processes, over stdin/stdout pipes.
+
+Each message is a 4-byte big-endian length and a msgpack body (tagged msgspec
+structs). A worker reads its commands from stdin and writes reports to stdout;
+stdin reaching EOF means the coordinator is gone, and the worker stops its
+load at once rather than hammer a server for nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import msgspec
+
+from loadgen.interval import SparseHist
+from loadgen.snapshot import Counters
+from loadgen.workload import Workload
+
+
+class Configure(msgspec.Struct, tag="configure", kw_only=True):
+    index: int
+    base_url: str
+    workload: Workload
+    request_timeout: float = 600.0
+
+
+class SetConcurrency(msgspec.Struct, tag="set_concurrency"):
+    value: int
+
+
+class Pause(msgspec.Struct, tag="pause"):
+    paused: bool
+
+
+class Flush(msgspec.Struct, tag="flush"):
+    seq: int
+
+
+class Stop(msgspec.Struct, tag="stop"):
+    grace: float  # seconds in-flight requests may take to finish before they are cancelled
+
+
+class Report(msgspec.Struct, tag="report", kw_only=True):
+    index: int
+    seq: int
+    in_flight: int
+    counters: Counters
+    hists: dict[str, SparseHist]
+    last_errors: dict[str, str]
+    loop_lag_ms: float
+    cpu_s: float  # process CPU seconds since the previous report
+
+
+class Stopped(msgspec.Struct, tag="stopped"):
+    index: int
+
+
+class Failed(msgspec.Struct, tag="failed"):
+    index: int
+    message: str
+
+
+ToWorker = Configure | SetConcurrency | Pause | Flush | Stop
+FromWorker = Report | Stopped | Failed
+
+_HEADER = struct.Struct(">I")
+_encoder = msgspec.msgpack.Encoder()
+to_worker_decoder = msgspec.msgpack.Decoder(ToWorker)
+from_worker_decoder = msgspec.msgpack.Decoder(FromWorker)
+
+
+def frame(msg: msgspec.Struct) -> bytes:
+    body = _encoder.encode(msg)
+    return _HEADER.pack(len(body)) + body
+
+
+async def read_frame(reader: asyncio.StreamReader) -> bytes | None:
+    """The next message body, or None at a clean EOF."""
+    try:
+        head = await reader.readexactly(_HEADER.size)
+    except asyncio.IncompleteReadError:
+        return None
+    (n,) = _HEADER.unpack(head)
+    return await reader.readexactly(n)

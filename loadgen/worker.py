@@ -1,0 +1,154 @@
+"""A load worker process: its own event loop (uvloop where available), nothing else.
+
+Started by the coordinator as `python -m loadgen.worker`; commands arrive on
+stdin and reports leave on stdout (see `loadgen.wire`). Nothing in this
+process draws or parses more than it must, so its timestamps are honest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+
+import aiohttp
+
+from loadgen import eventloop, wire
+from loadgen.client import StreamingClient
+from loadgen.interval import IntervalRecorder
+from loadgen.load import ClosedLoop
+from loadgen.workload import RequestFactory
+
+log = logging.getLogger("tokentop.worker")
+
+LAG_PROBE_S = 0.02
+
+
+class LagMeter:
+    """Event-loop lag: how late a short sleep wakes up. Worst value per report."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(LAG_PROBE_S)
+            lag = loop.time() - t - LAG_PROBE_S
+            if lag > self.worst:
+                self.worst = lag
+
+    def take_ms(self) -> float:
+        worst, self.worst = self.worst, 0.0
+        return worst * 1000.0
+
+
+class Worker:
+    def __init__(self, cfg: wire.Configure, api_key: str | None) -> None:
+        self.cfg = cfg
+        self.api_key = api_key
+        self.rec = IntervalRecorder()
+        self.lag = LagMeter()
+        self.factory = RequestFactory(cfg.workload, cfg.index)
+        self._cpu_mark = time.process_time()
+
+    async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # one connection per stream at most; keep-alive reuses them between requests
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            url = self.cfg.base_url.rstrip("/") + self.cfg.workload.path
+            self.client = StreamingClient(
+                session, url, self.rec, api_key=self.api_key, timeout=self.cfg.request_timeout
+            )
+            self.loop = ClosedLoop(self._send_one)
+            self.lag.start()
+            await self._serve(reader, writer)
+
+    async def _send_one(self) -> None:
+        body, words = self.factory.next()
+        await self.client.request(body, words)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            raw = await wire.read_frame(reader)
+            if raw is None:
+                # the coordinator is gone: stop at once, nobody is listening
+                await self.loop.drain(0.0)
+                return
+            msg = wire.to_worker_decoder.decode(raw)
+            if isinstance(msg, wire.SetConcurrency):
+                self.loop.set_target(msg.value)
+            elif isinstance(msg, wire.Pause):
+                self.loop.pause(msg.paused)
+            elif isinstance(msg, wire.Flush):
+                writer.write(wire.frame(self._report(msg.seq)))
+                await writer.drain()
+            elif isinstance(msg, wire.Stop):
+                await self.loop.drain(msg.grace)
+                writer.write(wire.frame(self._report(-1)))
+                writer.write(wire.frame(wire.Stopped(self.cfg.index)))
+                await writer.drain()
+                return
+
+    def _report(self, seq: int) -> wire.Report:
+        counters, hists, errors = self.rec.take()
+        cpu = time.process_time()
+        cpu_s, self._cpu_mark = cpu - self._cpu_mark, cpu
+        return wire.Report(
+            index=self.cfg.index,
+            seq=seq,
+            in_flight=self.client.in_flight,
+            counters=counters,
+            hists=hists,
+            last_errors=errors,
+            loop_lag_ms=self.lag.take_ms(),
+            cpu_s=cpu_s,
+        )
+
+
+async def _stdio() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=2**24)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+    transport, protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    )
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    return reader, writer
+
+
+async def _main() -> int:
+    reader, writer = await _stdio()
+    raw = await wire.read_frame(reader)
+    if raw is None:
+        return 0
+    cfg = wire.to_worker_decoder.decode(raw)
+    if not isinstance(cfg, wire.Configure):
+        return 2
+    try:
+        await Worker(cfg, os.environ.get("TOKENTOP_API_KEY")).run(reader, writer)
+    except Exception as e:  # reported to the coordinator in words, then logged in full
+        log.exception("worker %d failed", cfg.index)
+        writer.write(wire.frame(wire.Failed(cfg.index, f"{type(e).__name__}: {e}")))
+        await writer.drain()
+        return 1
+    return 0
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="worker: %(message)s")
+    # Ctrl-C belongs to the coordinator, which drains the load in order
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return eventloop.run(_main)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

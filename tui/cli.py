@@ -1,0 +1,177 @@
+"""The `tokentop` command: the console by default, and its subcommands.
+
+    tokentop [--url URL] [--model M] [-c N] …   the live console (embedded simulator without --url)
+    tokentop run --headless --duration S …     the same engine without a screen
+    tokentop sim --port 8000                    the simulator alone
+
+Bad input is one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from loadgen import __version__
+
+SUBCOMMANDS = ("run", "sim")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line that says what to do."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _whole(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text.rstrip("s"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, e.g. 20 or 0.5, got {text!r}") \
+            from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    t = p.add_argument_group("target")
+    t.add_argument("--url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
+                   "(default: start the embedded simulator)")
+    t.add_argument("--model", help="model name (default: the server's first model)")
+    t.add_argument("--api", choices=("chat", "completions"), default="chat")
+    t.add_argument("--api-key-file", type=Path,
+                   help="file holding the API key (default: $OPENAI_API_KEY); never on the "
+                   "command line, so it stays out of shell history and `ps`")
+    t.add_argument("--metrics-url", help="the server's Prometheus /metrics, when not at URL root")
+    w = p.add_argument_group("load")
+    w.add_argument("-c", "--concurrency", type=_whole(0), default=8, help="concurrent streams")
+    w.add_argument("--input-tokens", type=_whole(1), default=128, help="prompt length")
+    w.add_argument("--output-tokens", type=_whole(1), default=128, help="max_tokens per request")
+    w.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="let the model stop early (default: ask for exactly --output-tokens)")
+    w.add_argument("--no-continuous-usage", dest="continuous_usage", action="store_false",
+                   help="do not ask for usage on every chunk (for servers that reject it)")
+    w.add_argument("--duration", type=_seconds, help="seconds of load, then stop")
+    w.add_argument("--workers", type=_whole(0), default=0,
+                   help="load worker processes (default: cores - 1, at least 1)")
+    w.add_argument("--request-timeout", type=_seconds, default=600.0)
+    w.add_argument("--drain-grace", type=_seconds, default=10.0,
+                   help="on stop, seconds in-flight requests may take before they are cancelled")
+    w.add_argument("--tick", type=_seconds, default=0.5, help="seconds per Snapshot")
+    w.add_argument("--seed", type=int, default=0)
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    if args.api_key_file is not None:
+        try:
+            return args.api_key_file.read_text().strip() or None
+        except OSError as e:
+            sys.exit(f"tokentop: cannot read --api-key-file {args.api_key_file}: {e.strerror}")
+    return os.environ.get("OPENAI_API_KEY") or None
+
+
+def run_config(args: argparse.Namespace):
+    from loadgen.coordinator import RunConfig
+
+    return RunConfig(
+        url=args.url,
+        model=args.model,
+        api=args.api,
+        concurrency=args.concurrency,
+        duration=args.duration,
+        input_tokens=args.input_tokens,
+        output_tokens=args.output_tokens,
+        ignore_eos=args.ignore_eos,
+        continuous_usage=args.continuous_usage,
+        workers=args.workers,
+        tick=args.tick,
+        request_timeout=args.request_timeout,
+        drain_grace=args.drain_grace,
+        metrics_url=args.metrics_url,
+        seed=args.seed,
+    )
+
+
+def console_parser(prog: str = "tokentop") -> argparse.ArgumentParser:
+    p = _Parser(prog=prog, description="Live console for LLM inference servers. "
+                f"Subcommands: {', '.join(SUBCOMMANDS)} (tokentop SUB --help).")
+    p.add_argument("--version", action="version", version=f"tokentop {__version__}")
+    add_run_arguments(p)
+    ui = p.add_argument_group("console")
+    ui.add_argument("--theme", help="tokentop-dark (default), tokentop-light, "
+                    "tokentop-high-contrast, tokentop-mono")
+    ui.add_argument("--refresh", type=_seconds, default=0.5, help="seconds between redraws")
+    return p
+
+
+def run_parser() -> argparse.ArgumentParser:
+    p = console_parser("tokentop run")
+    p.add_argument("--headless", action="store_true", help="no console: progress lines on stderr")
+    p.add_argument("--json", type=Path, help="write the final summary here (headless)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv and argv[0] == "sim":
+            return _sim(argv[1:])
+        if argv and argv[0] == "run":
+            args = run_parser().parse_args(argv[1:])
+            if args.headless:
+                return _headless(args)
+            return _console(args)
+        return _console(console_parser().parse_args(argv))
+    except KeyboardInterrupt:
+        return 130
+
+
+def _headless(args: argparse.Namespace) -> int:
+    from loadgen import eventloop
+    from loadgen.headless import run_headless
+
+    cfg = run_config(args)
+    key = _api_key(args)
+    return eventloop.run(lambda: run_headless(cfg, api_key=key, json_path=args.json))
+
+
+def _console(args: argparse.Namespace) -> int:
+    from loadgen.engine_process import EngineProcess
+    from tui.app import TokentopApp
+
+    if getattr(args, "json", None) is not None:
+        print("tokentop: --json is written by headless runs; add --headless", file=sys.stderr)
+        return 2
+    source = EngineProcess(run_config(args), _api_key(args))
+    app = TokentopApp(source, theme=args.theme, refresh=args.refresh)
+    app.run()
+    return app.return_code or 0
+
+
+def _sim(argv: list[str]) -> int:
+    from loadgen.sim import add_sim_arguments, run_sim_forever
+
+    p = _Parser(prog="tokentop sim", description="The simulated OpenAI-compatible server alone.")
+    add_sim_arguments(p)
+    return run_sim_forever(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
