@@ -41,15 +41,15 @@ async def run_headless(
         return 2
     _install_signal_handlers(coord, out)
     windows = SnapshotWindows()
-    last_line = 0.0
+    last_second = -1
     try:
         async for snap in coord.snapshots():
             windows.add(snap)
             for ev in snap.events:
                 if ev.level != "info":
                     print(f"tokentop: {ev.level}: {ev.message}", file=out)
-            if snap.elapsed - last_line >= 1.0 or snap.load.state == "stopped":
-                last_line = snap.elapsed
+            if int(snap.elapsed) > last_second or snap.load.state == "stopped":
+                last_second = int(snap.elapsed)
                 print(progress_line(snap, windows.stats("10s")), file=out, flush=True)
     finally:
         await coord.close()

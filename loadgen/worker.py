@@ -77,10 +77,11 @@ class Worker:
         await self.client.request(body, words)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        finishing: asyncio.Task | None = None
         while True:
             raw = await wire.read_frame(reader)
             if raw is None:
-                # the coordinator is gone: stop at once, nobody is listening
+                # the coordinator is gone (or done with us): stop at once, nobody is listening
                 await self.loop.drain(0.0)
                 return
             msg = wire.to_worker_decoder.decode(raw)
@@ -91,12 +92,15 @@ class Worker:
             elif isinstance(msg, wire.Flush):
                 writer.write(wire.frame(self._report(msg.seq)))
                 await writer.drain()
-            elif isinstance(msg, wire.Stop):
-                await self.loop.drain(msg.grace)
-                writer.write(wire.frame(self._report(-1)))
-                writer.write(wire.frame(wire.Stopped(self.cfg.index)))
-                await writer.drain()
-                return
+            elif isinstance(msg, wire.Stop) and finishing is None:
+                # drain in the background so that flushes keep answering while it runs
+                finishing = asyncio.create_task(self._finish(msg.grace, writer))
+
+    async def _finish(self, grace: float, writer: asyncio.StreamWriter) -> None:
+        await self.loop.drain(grace)
+        writer.write(wire.frame(self._report(-1)))
+        writer.write(wire.frame(wire.Stopped(self.cfg.index)))
+        await writer.drain()
 
     def _report(self, seq: int) -> wire.Report:
         counters, hists, errors = self.rec.take()

@@ -1,0 +1,398 @@
+"""The engine model: continuous batching over a slot limit and a KV-cache budget.
+
+One asyncio task per server runs the engine loop. Each step it admits waiting
+requests (FIFO) while a slot is free and the request's context + 1 fits in the
+free KV budget, preempts the newest running request while the batch's decode
+growth does not fit, spends `prefill_chunk_tokens` of chunked prefill, sleeps
+for the step's modelled duration, and then every decoding sequence emits one
+token. A sequence whose prefill completes in a step emits its first token at
+the end of that step. So TTFT grows with queueing and prompt length, ITL grows
+with batch size, and output tokens/s saturates around the slot limit.
+
+The handlers never poll: each waits on a Future that the loop resolves when
+its sequence has something new, once per token for streams and once at the
+end for whole responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from loadgen.sim.metrics import EngineMetrics
+
+GIB = 1024**3
+MIB = 1024**2
+
+# A stall this long (event-loop lag) is not caught up with: the schedule restarts from now
+# rather than running a burst of zero-length steps.
+MAX_CATCH_UP_S = 0.05
+
+
+@dataclass
+class SimConfig:
+    """Everything the simulator can be told; every field has a working default."""
+
+    model_name: str = "tokentop-sim"
+    slots: int = 32  # max running sequences
+    kv_tokens: int = 65536  # KV-cache budget in tokens; also the max context length
+    step_overhead_ms: float = 6.0
+    decode_ms_per_seq: float = 0.35
+    prefill_ms_per_token: float = 0.02
+    prefill_chunk_tokens: int = 2048  # chunked-prefill budget per step
+    default_max_tokens: int = 256  # when a request names no max_tokens
+    mean_output_tokens: float = 160.0  # mean natural length (ignore_eos false), exponential
+    seed: int = 0
+    # the simulated GPU
+    gpu_name: str = "Simulated H100 80GB HBM3"
+    gpu_memory_bytes: int = 80 * GIB
+    weights_bytes: int = 16 * GIB
+    kv_bytes_per_token: int = 131072
+    activation_bytes_per_seq: int = 32 * MIB
+    idle_power_w: float = 70.0
+    power_limit_w: float = 700.0
+    ambient_c: float = 30.0
+    c_per_watt: float = 0.07  # steady-state temperature rise per watt drawn
+
+    def __post_init__(self) -> None:
+        # A zero here would leave requests queued forever: refuse it up front.
+        for name in ("slots", "kv_tokens", "prefill_chunk_tokens", "default_max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.mean_output_tokens <= 0:
+            raise ValueError("mean_output_tokens must be positive")
+
+
+class ContextLengthError(ValueError):
+    """The request can never fit: prompt + max_tokens exceeds the KV budget."""
+
+
+# Sequence states
+WAITING = 0
+PREFILL = 1
+DECODE = 2
+DONE = 3
+
+
+class Sequence:
+    """One request inside the engine. Plain slots: the loop touches these per token."""
+
+    __slots__ = (
+        "admitted_t",
+        "arrived_t",
+        "chunk",
+        "every_token",
+        "finish_reason",
+        "first_token_t",
+        "generated",
+        "kv",
+        "last_token_t",
+        "offset",
+        "prefill_left",
+        "prompt_tokens",
+        "state",
+        "target",
+        "target_reason",
+        "waiter",
+    )
+
+    def __init__(self, prompt_tokens: int, target: int, target_reason: str, now: float) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.target = target  # tokens this request will produce
+        self.target_reason = target_reason  # "stop" or "length", once target is reached
+        self.generated = 0
+        self.state = WAITING
+        self.kv = 0  # KV tokens held while running
+        self.prefill_left = 0
+        self.chunk = 0  # prefill tokens granted in the current step
+        self.arrived_t = now
+        self.admitted_t: float | None = None
+        self.first_token_t: float | None = None
+        self.last_token_t = now
+        self.finish_reason: str | None = None  # set when DONE: stop | length | abort
+        self.waiter: asyncio.Future[None] | None = None
+        self.every_token = True  # wake the handler per token (streams) or only at the end
+        self.offset = 0  # where in the word list this request's text starts
+
+    @property
+    def done(self) -> bool:
+        return self.state == DONE
+
+
+class Engine:
+    """The engine state and its loop. Start with `start()` inside a running loop."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.metrics = EngineMetrics()
+        self._rng = random.Random(cfg.seed)
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []  # in admission order: the newest is last
+        self._kv_used = 0
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._busy_s = 0.0  # wall time spent inside steps, for the GPU's utilisation
+        self._step_start: float | None = None
+        self.steps = 0
+
+    # ---- what the outside reads
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def kv_used(self) -> int:
+        return self._kv_used
+
+    @property
+    def kv_usage(self) -> float:
+        return self._kv_used / self.cfg.kv_tokens
+
+    def now(self) -> float:
+        assert self._loop is not None, "engine not started"
+        return self._loop.time()
+
+    def busy_seconds(self, now: float) -> float:
+        """Cumulative wall time spent in steps, counting the step in progress."""
+        if self._step_start is None:
+            return self._busy_s
+        return self._busy_s + max(0.0, now - self._step_start)
+
+    def render_metrics(self) -> str:
+        return self.metrics.render(
+            self.cfg.model_name,
+            running=len(self._running),
+            waiting=len(self._waiting),
+            kv_usage=self.kv_usage,
+        )
+
+    # ---- lifecycle
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run(), name="tokentop-sim-engine")
+
+    async def stop(self) -> None:
+        """Stop the loop and end every request with finish_reason "abort"."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for seq in [*self._running, *self._waiting]:
+            self.abort(seq)
+
+    # ---- what handlers call
+
+    def submit(
+        self, prompt_tokens: int, max_tokens: int | None, ignore_eos: bool, *, stream: bool
+    ) -> Sequence:
+        """Queue a request; raises ContextLengthError when it could never fit."""
+        limit = self.cfg.kv_tokens
+        if max_tokens is None:
+            max_tokens = min(self.cfg.default_max_tokens, limit - prompt_tokens)
+            if max_tokens < 1:
+                raise ContextLengthError(
+                    f"This model's maximum context length is {limit} tokens. However, your "
+                    f"prompt has {prompt_tokens} tokens, which leaves no room for a completion."
+                )
+        elif prompt_tokens + max_tokens > limit:
+            raise ContextLengthError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
+                f"{max_tokens} in the completion). Please reduce the length of the messages "
+                "or completion."
+            )
+        target, reason = max_tokens, "length"
+        if not ignore_eos:
+            natural = 1 + int(self._rng.expovariate(1.0 / self.cfg.mean_output_tokens))
+            if natural < max_tokens:
+                target, reason = natural, "stop"
+        seq = Sequence(prompt_tokens, target, reason, self.now())
+        seq.every_token = stream
+        seq.offset = self._rng.randrange(1 << 16)
+        self._waiting.append(seq)
+        self._wake.set()
+        return seq
+
+    def wait(self, seq: Sequence) -> asyncio.Future[None]:
+        """A Future resolved when `seq` emits its next token (or, for whole responses, ends)."""
+        assert self._loop is not None, "engine not started"
+        fut = self._loop.create_future()
+        seq.waiter = fut
+        return fut
+
+    def abort(self, seq: Sequence) -> None:
+        """Free the request's slot and KV now (client gone, or shutdown). Idempotent."""
+        if seq.state == DONE:
+            return
+        if seq.state == WAITING:
+            self._waiting.remove(seq)
+        else:
+            self._running.remove(seq)
+            self._kv_used -= seq.kv
+            seq.kv = 0
+        seq.state = DONE
+        seq.finish_reason = "abort"
+        _resolve(seq)
+
+    # ---- the loop
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
+        while True:
+            if not self._running and not self._waiting:
+                # Idle: sleep on the event, no timer, no CPU.
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = loop.time()
+            self._admit(loop.time())
+            if not self._running:
+                # Cannot happen (submit rejects what never fits); guard against a spin anyway.
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            step_s = self._plan()
+            start = loop.time()
+            self._step_start = start
+            # A fixed schedule: each step ends step_s after the previous deadline, so
+            # timer and loop jitter do not accumulate into drift.
+            deadline += step_s
+            if deadline < start - MAX_CATCH_UP_S:
+                deadline = start + step_s
+            delay = deadline - start
+            await asyncio.sleep(delay if delay > 0 else 0)
+            end = loop.time()
+            self._busy_s += end - start
+            self._step_start = None
+            self.steps += 1
+            self._finish_step(end)
+
+    def _admit(self, now: float) -> None:
+        cfg = self.cfg
+        while self._waiting and len(self._running) < cfg.slots:
+            seq = self._waiting[0]
+            context = seq.prompt_tokens + seq.generated
+            need = context + 1  # room for the token the prefill produces
+            if self._kv_used + need > cfg.kv_tokens:
+                break  # FIFO: nobody overtakes the head of the queue
+            self._waiting.popleft()
+            seq.state = PREFILL
+            seq.kv = need
+            self._kv_used += need
+            # A preempted request is prefilled again: its prompt and what it already generated.
+            seq.prefill_left = context
+            if seq.admitted_t is None:
+                seq.admitted_t = now
+                self.metrics.queue.observe(now - seq.arrived_t)
+            self._running.append(seq)
+
+    def _plan(self) -> float:
+        """Preempt until the decode growth fits, grant prefill chunks; return the step time."""
+        cfg = self.cfg
+        running = self._running
+        decoding = 0
+        for seq in running:
+            if seq.state == DECODE:
+                decoding += 1
+        # Each decoding sequence grows by one KV token this step; prefilling ones reserved theirs.
+        while self._kv_used + decoding > cfg.kv_tokens and len(running) > 1:
+            seq = running.pop()
+            if seq.state == DECODE:
+                decoding -= 1
+            self._preempt(seq)
+        budget = cfg.prefill_chunk_tokens
+        prefill = 0
+        for seq in running:
+            if seq.state == PREFILL:
+                grant = min(seq.prefill_left, budget)
+                seq.chunk = grant
+                budget -= grant
+                prefill += grant
+        ms = (
+            cfg.step_overhead_ms
+            + cfg.decode_ms_per_seq * decoding
+            + cfg.prefill_ms_per_token * prefill
+        )
+        return ms / 1000.0
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._kv_used -= seq.kv
+        seq.kv = 0
+        seq.chunk = 0
+        seq.state = WAITING
+        self._waiting.appendleft(seq)  # first in line to come back
+        self.metrics.preemptions += 1
+
+    def _finish_step(self, now: float) -> None:
+        metrics = self.metrics
+        itl = metrics.itl
+        keep: list[Sequence] = []
+        emitted = 0
+        # Sequences that decoded in the same step share one gap: observe them as a run.
+        gap_value = -1.0
+        gap_count = 0
+        for seq in self._running:
+            if seq.state == PREFILL:
+                seq.prefill_left -= seq.chunk
+                seq.chunk = 0
+                if seq.prefill_left > 0:
+                    keep.append(seq)
+                    continue
+                seq.state = DECODE  # its KV for this token was reserved on admission
+                if seq.first_token_t is None:
+                    seq.first_token_t = now
+                    metrics.ttft.observe(now - seq.arrived_t)
+                    metrics.prompt_tokens += seq.prompt_tokens
+                else:
+                    itl.observe(now - seq.last_token_t)  # resumed after a preemption
+            else:
+                seq.kv += 1
+                self._kv_used += 1
+                gap = now - seq.last_token_t
+                if gap == gap_value:
+                    gap_count += 1
+                else:
+                    if gap_count:
+                        itl.observe(gap_value, gap_count)
+                    gap_value, gap_count = gap, 1
+            seq.last_token_t = now
+            seq.generated += 1
+            emitted += 1
+            if seq.generated >= seq.target:
+                self._finish(seq, now)
+            else:
+                keep.append(seq)
+                if seq.every_token:
+                    _resolve(seq)
+        if gap_count:
+            itl.observe(gap_value, gap_count)
+        self._running = keep
+        metrics.generation_tokens += emitted
+
+    def _finish(self, seq: Sequence, now: float) -> None:
+        self._kv_used -= seq.kv
+        seq.kv = 0
+        seq.state = DONE
+        seq.finish_reason = seq.target_reason
+        self.metrics.success[seq.target_reason] += 1
+        self.metrics.e2e.observe(now - seq.arrived_t)
+        _resolve(seq)
+
+
+def _resolve(seq: Sequence) -> None:
+    waiter = seq.waiter
+    if waiter is not None:
+        seq.waiter = None
+        if not waiter.done():
+            waiter.set_result(None)
