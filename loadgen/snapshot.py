@@ -93,13 +93,32 @@ class ServerMetrics(msgspec.Struct, kw_only=True):
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
     preemptions_total: float | None = None
+    # rates from the counters between the last two scrapes (a counter reset is a restart,
+    # never a negative rate)
+    prompt_tok_s: float | None = None
+    generation_tok_s: float | None = None
+    restarts: int = 0  # counter resets seen since the probe started
+    # the server's own latency quantiles over the last scrape interval, from its histogram
+    # buckets: {"ttft": {"p50": ms, "p99": ms}, "itl": …, "e2e": …, "queue": …}
+    latency_ms: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
+    # unknown engines: a few of the gauges that are there, by name
+    generic: dict[str, float] = msgspec.field(default_factory=dict)
     scrape_ms: float | None = None
+
+
+class GpuProcess(msgspec.Struct, kw_only=True):
+    pid: int
+    name: str | None = None
+    used_bytes: int | None = None
 
 
 class GpuSample(msgspec.Struct, kw_only=True):
     index: int
     name: str
     simulated: bool = False
+    uuid: str | None = None
+    lost: bool = False  # the GPU fell off the bus / stopped answering
+    message: str | None = None  # why values are missing, in words
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
     utilization_pct: float | None = None
@@ -107,6 +126,15 @@ class GpuSample(msgspec.Struct, kw_only=True):
     power_limit_w: float | None = None
     temperature_c: float | None = None
     energy_j: float | None = None  # total energy counter since driver load (or sim start)
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    throttle_reasons: list[str] | None = None  # decoded clock-event reasons, in words
+    pcie_tx_kbs: float | None = None
+    pcie_rx_kbs: float | None = None
+    ecc_corrected: int | None = None  # volatile (since boot) ECC error counts
+    ecc_uncorrected: int | None = None
+    processes: list[GpuProcess] | None = None  # processes using this GPU (server's first)
+    mig: list[str] | None = None  # MIG devices, where MIG is enabled
 
 
 class GpuStatus(msgspec.Struct, kw_only=True):
@@ -114,14 +142,36 @@ class GpuStatus(msgspec.Struct, kw_only=True):
     message: str | None = None  # e.g. "no NVIDIA driver found (libnvidia-ml.so.1 missing)"
     gpus: list[GpuSample] = msgspec.field(default_factory=list)
     poll_ms: float | None = None
+    driver: str | None = None  # driver version, where known
 
 
 class HostSample(msgspec.Struct, kw_only=True):
     cpu_pct: float | None = None  # whole host, 0..100
     cpu_count: int | None = None
+    cpu_per_core: list[float] | None = None
     mem_used_bytes: int | None = None
     mem_total_bytes: int | None = None
+    swap_used_bytes: int | None = None
+    swap_total_bytes: int | None = None
     load1: float | None = None
+    net_rx_bps: float | None = None  # bytes per second, all interfaces
+    net_tx_bps: float | None = None
+    disk_read_bps: float | None = None
+    disk_write_bps: float | None = None
+
+
+class ProcessSample(msgspec.Struct, kw_only=True):
+    """The inference server's process (and its children, summed), found by pid, port or name."""
+
+    pid: int
+    name: str | None = None
+    found_by: str | None = None  # pid | port | name
+    rss_bytes: int | None = None  # the process and its children
+    cpu_pct: float | None = None  # 100 = one core
+    threads: int | None = None
+    open_files: int | None = None
+    children: int | None = None
+    rss_slope_mb_h: float | None = None  # least-squares slope over the recent window
 
 
 class ClientSample(msgspec.Struct, kw_only=True):
@@ -129,12 +179,13 @@ class ClientSample(msgspec.Struct, kw_only=True):
 
     workers: int = 0
     cpu_pct: float | None = None  # sum over worker processes, 100 = one core
+    worker_cpu_pct: list[float] | None = None  # per worker, 100 = one core
     loop_lag_ms: float | None = None  # worst event-loop lag of any worker this tick
 
 
 class Event(msgspec.Struct, kw_only=True):
     t: float  # unix seconds
-    kind: str  # error | outage | recovery | operator | probe | run
+    kind: str  # error | outage | recovery | operator | probe | gpu | slo | run
     level: str = "info"  # info | warn | error
     message: str
 
@@ -153,6 +204,7 @@ class Snapshot(msgspec.Struct, kw_only=True):
     server: ServerMetrics | None = None
     gpu: GpuStatus = msgspec.field(default_factory=GpuStatus)
     host: HostSample | None = None
+    process: ProcessSample | None = None
     client: ClientSample = msgspec.field(default_factory=ClientSample)
     events: list[Event] = msgspec.field(default_factory=list)
 
