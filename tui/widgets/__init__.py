@@ -1,0 +1,20 @@
+"""The main screen's panels, one widget per module."""
+
+from tui.widgets.gpu_panel import GpuPanel
+from tui.widgets.header_bar import HeaderBar
+from tui.widgets.host_panel import HostPanel
+from tui.widgets.latency_panel import LatencyPanel
+from tui.widgets.load_panel import LoadPanel
+from tui.widgets.panel import Panel, View
+from tui.widgets.throughput_panel import ThroughputPanel
+
+__all__ = [
+    "GpuPanel",
+    "HeaderBar",
+    "HostPanel",
+    "LatencyPanel",
+    "LoadPanel",
+    "Panel",
+    "ThroughputPanel",
+    "View",
+]

@@ -1,0 +1,79 @@
+"""GPUs: one line each (memory bar, utilisation, power, temperature), or why there are none."""
+
+from __future__ import annotations
+
+from loadgen.snapshot import GpuSample, GpuStatus
+from tui.format import NA, fmt_bytes_pair, fmt_pct, literal
+from tui.widgets.panel import Panel, View
+
+MUTED = "$foreground-muted"
+HOT_C = 85.0  # where most datacentre GPUs start to throttle
+MEM_FULL = 0.95
+
+
+def short_name(name: str, width: int) -> str:
+    """Vendor prefix off (every row would say it), cut to `width`."""
+    for prefix in ("NVIDIA ", "Nvidia "):
+        name = name.removeprefix(prefix)
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def bar(used: int | None, total: int | None, width: int) -> str:
+    if used is None or not total:
+        return f"[{MUTED}]{'·' * width}[/]"
+    frac = min(max(used / total, 0.0), 1.0)
+    filled = round(frac * width)
+    colour = "$warning" if frac >= MEM_FULL else "$primary"
+    return f"[{colour}]{'█' * filled}[/][{MUTED}]{'░' * (width - filled)}[/]"
+
+
+def power(g: GpuSample) -> str:
+    if g.power_w is None:
+        return f"{NA} W"
+    if g.power_limit_w is None:
+        return f"{g.power_w:.0f} W"
+    return f"{g.power_w:.0f}/{g.power_limit_w:.0f} W"
+
+
+def temperature(g: GpuSample) -> str:
+    if g.temperature_c is None:
+        return f"{NA:>4}"
+    text = f"{g.temperature_c:.0f}°C".rjust(4)
+    return f"[$warning]{text}[/]" if g.temperature_c >= HOT_C else text
+
+
+def gpu_line(g: GpuSample, width: int, tag_simulated: bool) -> str:
+    # fixed parts: index 2, memory 14, util 6, power 10, temperature 4, gaps
+    name_w = 12 if width < 90 else 22
+    bar_w = max(6, min(40, width - name_w - 46))
+    parts = [
+        f"[b]{g.index}[/] {literal(short_name(g.name, name_w).ljust(name_w))}",
+        bar(g.memory_used_bytes, g.memory_total_bytes, bar_w),
+        fmt_bytes_pair(g.memory_used_bytes, g.memory_total_bytes).rjust(14),
+        f"[{MUTED}]util[/] {fmt_pct(g.utilization_pct):>6}",
+        power(g).rjust(10),
+        temperature(g),
+    ]
+    line = " ".join(parts)
+    if tag_simulated and g.simulated:
+        line += " [$accent]simulated[/]"
+    return line
+
+
+def gpu_lines(status: GpuStatus, width: int) -> tuple[bool, list[str]]:
+    """(all simulated, lines); a missing GPU is said in words, never as an empty panel."""
+    if status.source == "none" or not status.gpus:
+        why = status.message or ("no GPU data" if status.source == "none" else "no GPUs found")
+        return False, [f"[$warning]{literal(why)}[/]"]
+    all_sim = status.source == "simulated" or all(g.simulated for g in status.gpus)
+    # when every GPU is simulated the title says so once; mixed sets tag each row
+    return all_sim, [gpu_line(g, width, not all_sim) for g in status.gpus]
+
+
+class GpuPanel(Panel):
+    TITLE = "GPU"
+
+    def render_view(self, view: View, width: int) -> tuple[str, str]:
+        all_sim, lines = gpu_lines(view.snap.gpu, width)
+        title = f"{self.TITLE} · simulated" if all_sim else self.TITLE
+        return title, "\n".join(lines)

@@ -1,0 +1,60 @@
+"""Throughput: token and request rates per window, and run totals."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from loadgen.snapshot import Counters
+from loadgen.windows import WindowStats
+from tui.format import fmt_count, fmt_rate
+from tui.widgets.panel import Panel, View
+
+MUTED = "$foreground-muted"
+LABEL_W = 10
+COL_W = 9
+EST = " [$warning]est.[/]"
+# below this many columns the 1 m window is left out (10 s and whole run stay)
+WIDE_AT = 46
+
+
+def _row(label: str, values: list[str], estimated: bool = False) -> str:
+    cells = "".join(v.rjust(COL_W) for v in values)
+    return f"[{MUTED}]{label.ljust(LABEL_W)}[/]{cells}" + (EST if estimated else "")
+
+
+def rate_rows(stats: Mapping[str, WindowStats], windows: list[str]) -> list[str]:
+    picked = [stats.get(w) for w in windows]
+    estimated = any(s is not None and s.tokens_estimated for s in picked)
+    header = f"{'':{LABEL_W}}" + "".join(w.rjust(COL_W) for w in windows)
+    return [
+        f"[{MUTED}]{header}[/]",
+        _row("out tok/s", [fmt_rate(s.output_tok_s if s else None) for s in picked], estimated),
+        _row("in tok/s", [fmt_rate(s.input_tok_s if s else None) for s in picked]),
+        _row("req/s", [fmt_rate(s.req_s if s else None) for s in picked]),
+    ]
+
+
+def total_rows(c: Counters, compact: bool) -> list[str]:
+    """Run totals; compact (narrow) is one line, failures being in the Load panel already."""
+    failed = f"[$error]{fmt_count(c.requests_failed)}[/]" if c.requests_failed else "0"
+    est = EST if c.estimated_output_tokens else ""
+    if compact:
+        return [
+            f"[{MUTED}]{'total'.ljust(LABEL_W)}[/]{fmt_count(c.requests_ok)} req"
+            f" · {fmt_count(c.output_tokens)} out tok{est}"
+        ]
+    return [
+        f"[{MUTED}]{'requests'.ljust(LABEL_W)}[/]{fmt_count(c.requests_ok)} ok · {failed} failed",
+        f"[{MUTED}]{'tokens'.ljust(LABEL_W)}[/]{fmt_count(c.output_tokens)} out"
+        f" · {fmt_count(c.input_tokens)} in{est}",
+    ]
+
+
+class ThroughputPanel(Panel):
+    TITLE = "Throughput"
+
+    def render_view(self, view: View, width: int) -> tuple[str, str]:
+        wide = width >= WIDE_AT
+        windows = ["10s", "1m", "run"] if wide else ["10s", "run"]
+        lines = rate_rows(view.stats, windows) + total_rows(view.snap.counters, not wide)
+        return self.TITLE, "\n".join(lines)
