@@ -1,10 +1,10 @@
 """The streaming client: one request, measured, classified, recorded.
 
-Timestamps are taken the moment bytes arrive, before any parsing. Metric
-definitions are DESIGN.md's: TTFT is the first chunk that carries text;
-a chunk that carried k tokens counts as k inter-token gaps of gap/k (k known
-from `continuous_usage_stats` when the server sends usage on every chunk);
-the raw chunk gap is ICL; E2E ends at the last text-bearing chunk.
+Requests go over `loadgen.http_stream` connections, kept alive and reused;
+the body bytes are measured by `loadgen.stream_measure`. Every way a request
+can go wrong ends as exactly one error kind in the interval's counters:
+connect, timeout, http_4xx, http_429, http_5xx, stream_broken,
+malformed_chunk, empty_response, cancelled.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 from time import perf_counter
 
-import aiohttp
 import msgspec
 
+from loadgen.http_stream import Endpoint, Outcome, StreamConnection, open_connection
 from loadgen.interval import IntervalRecorder
-from loadgen.sse import DONE, SseParser, chunk_decoder
+from loadgen.stream_measure import Slo, StreamMeasure
 
-US = 1e6
+CONNECT_TIMEOUT_S = 10.0
 
 
 class StreamingClient:
@@ -26,144 +26,111 @@ class StreamingClient:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
         url: str,
         rec: IntervalRecorder,
         *,
         api_key: str | None = None,
         timeout: float = 600.0,
+        slo: Slo | None = None,
+        exact_ttft_us: float | None = None,
     ) -> None:
-        self.session = session
         self.url = url
+        self.endpoint = Endpoint(url, api_key)
         self.rec = rec
-        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
-        self.timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=10.0)
+        self.timeout = timeout
+        self.slo = slo
+        self.exact_ttft_us = exact_ttft_us
         self.in_flight = 0
+        self._idle: list[StreamConnection] = []
 
-    async def request(self, body: bytes, prompt_words: int) -> None:
+    async def request(
+        self,
+        body: bytes,
+        prompt_words: int,
+        t_intended: float | None = None,
+        cancel_after_tokens: int | None = None,
+        cancel_after_s: float | None = None,
+    ) -> None:
         """One streamed request; never raises except CancelledError (counted first)."""
-        rec = self.rec
         self.in_flight += 1
-        t0 = perf_counter()
+        payload = self.endpoint.request_bytes(body)
+        conn: StreamConnection | None = None
+        limit = self.timeout if cancel_after_s is None else min(self.timeout, cancel_after_s)
         try:
-            async with self.session.post(
-                self.url, data=body, headers=self.headers, timeout=self.timeout
-            ) as resp:
-                if resp.status != 200:
-                    await _http_error(rec, resp)
-                    return
-                await _read_stream(rec, resp, t0, prompt_words)
+            async with asyncio.timeout(limit):
+                for attempt in (0, 1):
+                    conn, reused = await self._connection()
+                    t0 = perf_counter()
+                    if t_intended is not None:
+                        self.rec.lag.append(max(0.0, (t0 - t_intended) * 1e6))
+                    measure = StreamMeasure(
+                        self.rec, t0, prompt_words, t_intended=t_intended, slo=self.slo,
+                        exact_ttft_us=self.exact_ttft_us, cancel_after_tokens=cancel_after_tokens,
+                    )
+                    outcome = await conn.send(payload, measure)
+                    # a kept-alive connection the server had just closed: try once more, fresh
+                    if reused and attempt == 0 and _closed_before_answer(outcome, conn):
+                        continue
+                    break
+            self._classify(outcome, measure)
+            if not conn.closed:
+                self._idle.append(conn)
         except asyncio.CancelledError:
-            rec.error("cancelled", "request cancelled before it finished")
+            if conn is not None:
+                conn.abort()
+            self.rec.error("cancelled", "request cancelled before it finished")
             raise
         except TimeoutError:
-            rec.error("timeout", f"no complete answer within {self.timeout.total:g} s")
-        except aiohttp.ClientConnectorError as e:
-            rec.error("connect", f"cannot connect to {self.url}: {_reason(e)}")
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as e:
-            rec.error("stream_broken", f"stream broken: {_reason(e)}")
-        except aiohttp.ClientError as e:
-            rec.error("connect", f"{type(e).__name__}: {_reason(e)}")
+            if conn is not None:
+                conn.abort()
+            if limit < self.timeout:
+                self.rec.error("cancelled", f"abandoned by the client after {limit:g} s")
+            else:
+                self.rec.error("timeout", f"no complete answer within {self.timeout:g} s")
+        except OSError as e:
+            self.rec.error("connect", f"cannot connect to {self.url}: {_reason(e)}")
         finally:
             self.in_flight -= 1
 
-
-async def _read_stream(
-    rec: IntervalRecorder, resp: aiohttp.ClientResponse, t0: float, prompt_words: int
-) -> None:
-    parser = SseParser()
-    first = last = 0.0
-    tokens = 0  # tokens seen so far, from continuous usage when given, else one per chunk
-    chunks = 0
-    usage_out: int | None = None
-    usage_in: int | None = None
-    done = False
-    ttft, itl_v, itl_w, icl = rec.ttft, rec.itl_v, rec.itl_w, rec.icl
-    async for data in resp.content.iter_any():
-        now = perf_counter()
+    async def _connection(self) -> tuple[StreamConnection, bool]:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn, True
         try:
-            payloads = parser.feed(data)
-        except ValueError as e:
-            rec.error("malformed_chunk", str(e))
+            return await open_connection(self.endpoint, CONNECT_TIMEOUT_S), False
+        except TimeoutError:
+            raise OSError(f"no connection within {CONNECT_TIMEOUT_S:g} s") from None
+
+    def _classify(self, out: Outcome, measure: StreamMeasure) -> None:
+        if out.kind == "recorded":
             return
-        for payload in payloads:
-            if payload == DONE:
-                done = True
-                continue
-            try:
-                chunk = chunk_decoder.decode(payload)
-            except msgspec.DecodeError as e:
-                rec.error("malformed_chunk", f"bad JSON in chunk ({e}): {payload[:80]!r}")
-                return
-            if chunk.error is not None:
-                rec.error("stream_broken", f"server error in stream: {chunk.error.message}")
-                return
-            usage = chunk.usage
-            k = 1
-            if usage is not None:
-                if usage.completion_tokens is not None:
-                    # continuous usage: this chunk carried the difference
-                    k = usage.completion_tokens - (usage_out or 0)
-                    usage_out = usage.completion_tokens
-                if usage.prompt_tokens is not None:
-                    usage_in = usage.prompt_tokens
-            if not chunk.has_text():
-                continue
-            chunks += 1
-            if k < 1:
-                k = 1
-            if tokens == 0:
-                first = now
-                ttft.append((now - t0) * US)
-            else:
-                gap = (now - last) * US
-                icl.append(gap)
-                itl_v.append(gap / k)
-                itl_w.append(k)
-            tokens += k
-            last = now
-    if not done:
-        tail = parser.pending[:80]
-        rec.error("stream_broken", f"stream ended without [DONE] (pending {tail!r})")
-        return
-    if chunks == 0:
-        rec.error("empty_response", "stream finished without any generated text")
-        return
-    c = rec.counters
-    c.requests_ok += 1
-    c.chunks += chunks
-    if usage_out is not None:
-        c.output_tokens += usage_out
-        out = usage_out
-    else:
-        c.output_tokens += tokens
-        c.estimated_output_tokens += tokens
-        out = tokens
-    # without usage the prompt's word count stands in (synthetic prompts are ~1 token a word)
-    c.input_tokens += usage_in if usage_in is not None else prompt_words
-    rec.e2e.append((last - t0) * US)
-    if out > 1:
-        rec.tpot.append((last - first) * US / (out - 1))
+        if out.kind is not None:
+            self.rec.error(out.kind, out.message)
+        elif out.status == 200:
+            measure.finish()
+        else:
+            self.rec.error(*http_error(out.status, out.headers, bytes(out.error_body)))
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.abort()
+        self._idle.clear()
 
 
-async def _http_error(rec: IntervalRecorder, resp: aiohttp.ClientResponse) -> None:
-    try:
-        text = (await resp.content.read(2000)).decode("utf-8", "replace")
-    except (aiohttp.ClientError, TimeoutError):
-        text = ""
-    detail = _error_message(text)
-    status = resp.status
+def _closed_before_answer(out: Outcome, conn: StreamConnection) -> bool:
+    return out.kind == "stream_broken" and not conn.got_bytes
+
+
+def http_error(status: int, headers: dict[bytes, bytes], body: bytes) -> tuple[str, str]:
+    """(kind, message) for a non-200 answer, in the server's own words where it gave any."""
+    detail = error_message(body.decode("utf-8", "replace"))
     if status == 429:
-        after = resp.headers.get("Retry-After")
-        kind = "http_429"
-        detail = f"rate limited (Retry-After {after})" if after else "rate limited"
-    elif 400 <= status < 500:
-        kind = "http_4xx"
-    else:
-        kind = "http_5xx"
-    rec.error(kind, f"HTTP {status}: {detail}")
+        after = headers.get(b"retry-after")
+        wait = f" (Retry-After {after.decode(errors='replace')} s)" if after else ""
+        return "http_429", f"HTTP 429 rate limited{wait}: {detail}"
+    kind = "http_4xx" if 400 <= status < 500 else "http_5xx"
+    return kind, f"HTTP {status}: {detail}"
 
 
 class _ErrorEnvelope(msgspec.Struct):
@@ -172,19 +139,16 @@ class _ErrorEnvelope(msgspec.Struct):
     detail: str | None = None
 
 
-def _error_message(text: str) -> str:
-    """The server's own words from an OpenAI-style error body, else the text itself."""
+def error_message(text: str) -> str:
+    """The message of an OpenAI-style error body, else the text itself (shortened)."""
     try:
         env = msgspec.json.decode(text, type=_ErrorEnvelope)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return text.strip()[:200] or "(empty body)"
     if isinstance(env.error, dict) and env.error.get("message"):
         return str(env.error["message"])[:200]
     return str(env.error or env.message or env.detail or text)[:200]
 
 
-def _reason(e: BaseException) -> str:
-    inner = getattr(e, "os_error", None) or e.__cause__
-    if isinstance(inner, OSError) and inner.strerror:
-        return inner.strerror.lower()
-    return str(e) or type(e).__name__
+def _reason(e: OSError) -> str:
+    return (e.strerror or str(e) or type(e).__name__).lower()

@@ -16,6 +16,7 @@ import logging
 import os
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -24,6 +25,7 @@ import msgspec
 from loadgen import hdr, wire
 from loadgen.embedded_sim import EmbeddedSim, SimStartError
 from loadgen.preflight import TargetError, check_url, resolve_model
+from loadgen.run_config import ConfigError, RunConfig, default_workers
 from loadgen.snapshot import (
     METRICS,
     ClientSample,
@@ -37,7 +39,6 @@ from loadgen.snapshot import (
     Target,
 )
 from loadgen.worker_pool import WorkerPool
-from loadgen.workload import Workload
 from probes.gpu import GpuProbe
 from probes.host import HostProbe
 from probes.server_metrics import ServerMetricsProbe, metrics_url_for
@@ -46,46 +47,30 @@ log = logging.getLogger("tokentop.coordinator")
 
 PROBE_PERIOD_S = 1.0
 ERROR_EVENT_EVERY_S = 5.0  # one event per error kind at most this often, with the count
-
-
-class RunConfig(msgspec.Struct, kw_only=True):
-    """Everything a run needs, minus secrets (the API key travels in the environment)."""
-
-    url: str | None = None  # None: start the embedded simulator
-    model: str | None = None  # None: the server's first model
-    api: str = "chat"
-    concurrency: int = 8
-    duration: float | None = None  # seconds of load; None: until stopped
-    input_tokens: int = 128
-    output_tokens: int = 128
-    ignore_eos: bool = True
-    continuous_usage: bool = True
-    workers: int = 0  # 0: cores - 1, at least 1
-    tick: float = 0.5
-    request_timeout: float = 600.0
-    drain_grace: float = 30.0
-    metrics_url: str | None = None
-    sim_args: list[str] = msgspec.field(default_factory=list)
-    seed: int = 0
-
-
-def default_workers() -> int:
-    return max(1, (os.cpu_count() or 2) - 1)
+ERROR_RATE_WINDOW_S = 10.0  # --stop-error-rate looks this far back …
+ERROR_RATE_MIN_REQUESTS = 20  # … and needs at least this many requests to judge
+LAG_WARN_MS = 5.0  # event-loop lag that starts to show in latencies
 
 
 class Coordinator:
     def __init__(self, cfg: RunConfig, api_key: str | None = None) -> None:
         self.cfg = cfg
+        self.parsed = cfg.parsed()  # raises ConfigError before anything starts
         self.api_key = api_key
         self.run_id = uuid.uuid4().hex[:12]
         self.sim: EmbeddedSim | None = None
         self.pool = WorkerPool(cfg.workers or default_workers())
+        self.spec = cfg.load_spec()
+        self.ramp = self.parsed.ramp
         self.state = "starting"
         self.target: Target | None = None
         self.counters = Counters()
         self._events: list[Event] = []
         self._in_flight: dict[int, int] = {}
+        self._backlog: dict[int, int] = {}
+        self._worker_cpu: dict[int, float] = {}
         self._stop_requested = asyncio.Event()
+        self._stop_reason: str | None = None
         self._drain: asyncio.Task | None = None
         self._server: ServerMetrics | None = None
         self._gpu = GpuStatus(message="GPU probe not started yet")
@@ -94,6 +79,10 @@ class Coordinator:
         self._last_error_event: dict[str, float] = {}
         self._pending_errors: dict[str, tuple[int, str]] = {}
         self._reported_failures: set[str] = set()
+        self._recent: deque[tuple[float, int, int]] = deque()  # (t, ok, failed) for error rate
+        self._lag_warned = 0.0
+        self._load_started: float | None = None  # elapsed seconds when warm-up ended
+        self._elapsed = 0.0
 
     # ---- start -------------------------------------------------------------------------
 
@@ -101,7 +90,7 @@ class Coordinator:
         """Start everything; raises TargetError with a message for the user."""
         try:
             await self._start()
-        except SimStartError as e:
+        except (SimStartError, ConfigError) as e:
             await self.close()
             raise TargetError(str(e)) from None
         except BaseException:
@@ -127,59 +116,92 @@ class Coordinator:
         await self._sample_probes()
         self._probe_task = asyncio.create_task(self._probe_loop())
         await self._start_workers(base, model)
-        self.pool.set_concurrency(cfg.concurrency)
+        if self.ramp is not None:
+            self._set_main_value(self.ramp.value_at(0.0))
+        self.pool.set_load(self.spec)
         self.state = "running"
-        self._event(
-            "run",
-            f"run started: {cfg.concurrency} streams, {cfg.api} API, "
-            f"{cfg.input_tokens}→{cfg.output_tokens} tokens, model {model}",
-        )
+        workload = self.parsed.workload(cfg, model)
+        self._event("run", f"run started: {self._load_text()}; {workload.describe()}; "
+                    f"model {model}")
 
     async def _start_workers(self, base: str, model: str) -> None:
         cfg = self.cfg
-        workload = Workload(
-            model=model,
-            api=cfg.api,
-            input_tokens=cfg.input_tokens,
-            output_tokens=cfg.output_tokens,
-            ignore_eos=cfg.ignore_eos,
-            continuous_usage=cfg.continuous_usage,
-            seed=cfg.seed,
-        )
+        workload = self.parsed.workload(cfg, model)
         env = dict(os.environ)
         env.pop("TOKENTOP_API_KEY", None)
         if self.api_key:
             env["TOKENTOP_API_KEY"] = self.api_key
+        n = self.pool.n
         configure = [
             wire.Configure(
-                index=i, base_url=base, workload=workload, request_timeout=cfg.request_timeout
+                index=i, base_url=base, workload=workload, request_timeout=cfg.request_timeout,
+                client=cfg.client, slo=self.parsed.slo, cancelling=self.parsed.cancelling,
+                max_requests=None if cfg.max_requests is None
+                else cfg.max_requests // n + (1 if i < cfg.max_requests % n else 0),
+                exact_ttft_us=None if cfg.exact_ttft_ms is None else cfg.exact_ttft_ms * 1e3,
             )
-            for i in range(self.pool.n)
+            for i in range(n)
         ]
         await self.pool.start(configure, env)
 
     # ---- control -------------------------------------------------------------------------
 
     async def control(self, msg: Control) -> None:
-        op = msg.op
-        if op in ("set_concurrency", "add_concurrency"):
-            if self.state not in ("running", "paused") or msg.value is None:
-                return
-            base = self.pool.concurrency if op == "add_concurrency" else 0
-            n = max(0, int(base + msg.value))
-            if n != self.pool.concurrency:
-                self.pool.set_concurrency(n)
-                self._event("operator", f"concurrency → {n} ({msg.source})")
-        elif op in ("pause", "resume") and self.state in ("running", "paused"):
+        if self.state not in ("running", "paused"):
+            if msg.op == "stop":
+                self.request_stop()
+            return
+        op, v = msg.op, msg.value
+        if op in ("set_concurrency", "add_concurrency", "set_rate", "add_rate") and v is not None:
+            self._manual_change(op, v, msg.source)
+        elif op == "set_mode" and msg.note in ("closed", "open") and msg.note != self.spec.mode:
+            self.ramp = None
+            self.spec = msgspec.structs.replace(self.spec, mode=msg.note)
+            self.pool.set_load(self.spec)
+            self._event("operator", f"switched to {self._load_text()} ({msg.source})")
+        elif op in ("pause", "resume"):
             self.pool.pause(op == "pause")
             self.state = "paused" if op == "pause" else "running"
             self._event("operator", f"load {self.state} ({msg.source})")
         elif op == "stop":
-            self.request_stop()
+            self.request_stop("stopped by the operator")
         elif op == "mark":
             self._event("operator", f"mark: {msg.note or ''}".strip())
 
-    def request_stop(self) -> None:
+    def _manual_change(self, op: str, v: float, source: str) -> None:
+        """A manual change takes control back from a ramp."""
+        if self.ramp is not None:
+            self.ramp = None
+            self._event("operator", f"ramp stopped by a manual change ({source})")
+        spec = self.spec
+        if op.endswith("concurrency"):
+            n = max(0, round((spec.concurrency if op == "add_concurrency" else 0) + v))
+            new = msgspec.structs.replace(spec, concurrency=n)
+        else:
+            r = max(0.0, (spec.rate if op == "add_rate" else 0.0) + v)
+            new = msgspec.structs.replace(spec, rate=round(r, 3))
+        if new != spec:
+            self.spec = new
+            self.pool.set_load(new)
+            self._event("operator", f"{self._load_text()} ({source})")
+
+    def _set_main_value(self, value: float) -> None:
+        if self.spec.mode == "closed":
+            self.spec = msgspec.structs.replace(self.spec, concurrency=max(0, round(value)))
+        else:
+            self.spec = msgspec.structs.replace(self.spec, rate=max(0.0, round(value, 3)))
+
+    def _load_text(self) -> str:
+        s = self.spec
+        if s.mode == "closed":
+            return f"{s.concurrency} streams (closed loop)"
+        shape = f" k={s.shape:g}" if s.arrival == "gamma" else ""
+        cap = f", at most {s.max_in_flight} in flight" if s.max_in_flight else ""
+        return f"{s.rate:g} req/s {s.arrival}{shape} (open loop{cap})"
+
+    def request_stop(self, reason: str | None = None) -> None:
+        if self._stop_reason is None:
+            self._stop_reason = reason
         self._stop_requested.set()
 
     # ---- the tick ------------------------------------------------------------------------
@@ -193,8 +215,8 @@ class Coordinator:
         seq = 0
         while True:
             await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
-            if self._should_stop(time.monotonic() - t0):
-                self._begin_drain()
+            elapsed = time.monotonic() - t0
+            self._advance(elapsed)
             reports = await self.pool.collect(seq, timeout=tick * 0.6)
             now = time.monotonic()
             if self._drain is not None and self._drain.done():
@@ -210,44 +232,83 @@ class Coordinator:
             if next_tick < time.monotonic():  # we fell behind: skip, do not burst
                 next_tick = time.monotonic() + tick
 
-    def _should_stop(self, elapsed: float) -> bool:
+    def _advance(self, elapsed: float) -> None:
+        """Once a tick, before collecting: warm-up, ramps, limits."""
+        self._elapsed = elapsed
         if self._drain is not None:
-            return False
+            return
+        if self._load_started is None and elapsed >= self.cfg.warmup:
+            self._load_started = elapsed
+            if self.cfg.warmup > 0:
+                self._event("run", f"warm-up over after {self.cfg.warmup:g} s: measuring")
+        if self.ramp is not None and self.state == "running":
+            before = self.spec
+            self._set_main_value(self.ramp.value_at(elapsed))
+            if self.spec != before:
+                self.pool.set_load(self.spec)
+            if self.ramp.finished(elapsed):
+                self._event("run", f"ramp finished at {self._load_text()}")
+                self.ramp = None
+        reason = self._stop_due(elapsed)
+        if reason is not None:
+            self.request_stop(reason)
         if self._stop_requested.is_set():
-            return True
-        if self.cfg.duration is not None and elapsed >= self.cfg.duration:
-            return True
-        # every worker died: nothing is sending load any more
-        return bool(self.pool.workers and self.pool.alive == 0)
+            self._begin_drain()
+
+    def _stop_due(self, elapsed: float) -> str | None:
+        cfg = self.cfg
+        measured = elapsed - (self._load_started if self._load_started is not None else elapsed)
+        if cfg.duration is not None and self._load_started is not None and measured >= cfg.duration:
+            return f"duration of {cfg.duration:g} s reached"
+        c = self.counters
+        if cfg.max_requests is not None and c.requests_ok + c.requests_failed \
+                + c.requests_cancelled >= cfg.max_requests:
+            return f"{cfg.max_requests} requests done"
+        if cfg.stop_error_rate is not None and self._recent:
+            _, ok0, failed0 = self._recent[0]
+            ok, failed = c.requests_ok - ok0, c.requests_failed - failed0
+            n = ok + failed
+            if n >= ERROR_RATE_MIN_REQUESTS and failed / n > cfg.stop_error_rate:
+                return (f"error rate {failed / (ok + failed):.0%} over the last "
+                        f"{ERROR_RATE_WINDOW_S:g} s passed --stop-error-rate "
+                        f"{cfg.stop_error_rate:g}")
+        if self.pool.workers and self.pool.alive == 0:
+            return "every load worker has exited"
+        return None
 
     def _begin_drain(self) -> None:
         self.state = "draining"
-        self._event("run", f"stopping: in-flight requests get {self.cfg.drain_grace:g} s to finish")
+        reason = self._stop_reason or "stop requested"
+        self._event("run", f"stopping ({reason}): in-flight requests get "
+                    f"{self.cfg.drain_grace:g} s to finish")
         self._drain = asyncio.create_task(self.pool.stop(self.cfg.drain_grace))
 
     def _build(
         self, seq: int, reports: list[wire.Report], t: float, elapsed: float, interval: float
     ) -> Snapshot:
         sparse: dict[str, list] = {m: [] for m in METRICS}
-        cpu_s = 0.0
         lag = 0.0
         for r in reports:
             self.counters.add(r.counters)
             self._in_flight[r.index] = r.in_flight
+            self._backlog[r.index] = r.backlog
             for m, h in r.hists.items():
                 if m in sparse:
                     sparse[m].append(h.arrays())
-            cpu_s += r.cpu_s
+            self._worker_cpu[r.index] = 100.0 * r.cpu_s / interval if interval > 0 else 0.0
             lag = max(lag, r.loop_lag_ms)
             self._note_errors(r)
+        self._track_error_rate(t)
         self._flush_error_events(t)
+        self._check_client(lag if reports else None, t)
         for failure in self.pool.failures():
             if failure not in self._reported_failures:
                 self._reported_failures.add(failure)
                 self._event("error", failure, level="error")
-        hist = {m: hdr.encode(hdr.dense_from_sparse(pairs)) for m, pairs in sparse.items()}
+        hist = {m: hdr.encode(hdr.dense_from_sparse(p)) for m, p in sparse.items() if p}
         events, self._events = self._events, []
         assert self.target is not None
+        cpu = [self._worker_cpu.get(i, 0.0) for i in range(self.pool.n)]
         return Snapshot(
             run_id=self.run_id,
             seq=seq,
@@ -255,12 +316,7 @@ class Coordinator:
             elapsed=elapsed,
             interval=interval,
             target=self.target,
-            load=LoadState(
-                mode="closed",
-                state=self.state,
-                target_concurrency=self.pool.concurrency,
-                in_flight=sum(self._in_flight.values()),
-            ),
+            load=self._load_state(),
             counters=msgspec.structs.replace(self.counters, errors=dict(self.counters.errors)),
             hist=hist,
             server=self._server,
@@ -268,11 +324,53 @@ class Coordinator:
             host=self.host.sample(),
             client=ClientSample(
                 workers=self.pool.alive,
-                cpu_pct=100.0 * cpu_s / interval if interval > 0 and reports else None,
+                cpu_pct=sum(cpu) if reports else None,
+                worker_cpu_pct=cpu if reports else None,
                 loop_lag_ms=lag if reports else None,
             ),
             events=events,
         )
+
+    def _load_state(self) -> LoadState:
+        s = self.spec
+        open_loop = s.mode == "open"
+        arrival = None
+        if open_loop:
+            arrival = f"gamma(k={s.shape:g})" if s.arrival == "gamma" else s.arrival
+        note = None
+        if self.ramp is not None and self.state == "running":
+            note = self.ramp.describe(self._elapsed)
+        return LoadState(
+            mode=s.mode,
+            state=self.state,
+            target_concurrency=s.concurrency,
+            target_rate=s.rate if open_loop else None,
+            arrival=arrival,
+            max_in_flight=s.max_in_flight if open_loop else None,
+            in_flight=sum(self._in_flight.values()),
+            backlog=sum(self._backlog.values()),
+            warmup=self._load_started is None,
+            note=note,
+        )
+
+    def _track_error_rate(self, t: float) -> None:
+        c = self.counters
+        self._recent.append((t, c.requests_ok, c.requests_failed))
+        while self._recent and self._recent[0][0] < t - ERROR_RATE_WINDOW_S:
+            self._recent.popleft()
+
+    def _check_client(self, lag_ms: float | None, t: float) -> None:
+        """Warn (at most once a minute) when the client itself threatens the numbers."""
+        if lag_ms is None or t - self._lag_warned < 60.0:
+            return
+        busy = [i for i, pct in self._worker_cpu.items() if pct > 90.0]
+        if lag_ms > LAG_WARN_MS or busy:
+            self._lag_warned = t
+            why = f"event-loop lag {lag_ms:.1f} ms" if lag_ms > LAG_WARN_MS else ""
+            if busy:
+                why += (", " if why else "") + f"worker CPU > 90 % ({len(busy)} of {self.pool.n})"
+            self._event("client", f"the load generator is saturated ({why}): latencies may "
+                        "include client delay; add --workers or lower the load", level="warn")
 
     # ---- events --------------------------------------------------------------------------
 
@@ -307,7 +405,8 @@ class Coordinator:
     async def _sample_probes(self) -> None:
         server, gpu = await asyncio.gather(self.server_probe.sample(), self.gpu.sample())
         previous = self._server
-        if previous is not None and previous.ok != server.ok:
+        was_ok = previous.ok if previous is not None else True
+        if was_ok != server.ok:
             if server.ok:
                 self._event("probe", f"server /metrics answering again ({server.url})")
             else:

@@ -25,8 +25,9 @@ from pathlib import Path
 import msgspec
 
 from loadgen import eventloop
-from loadgen.coordinator import Coordinator, RunConfig
+from loadgen.coordinator import Coordinator
 from loadgen.preflight import TargetError
+from loadgen.run_config import ConfigError, RunConfig
 from loadgen.snapshot import Control, Snapshot, Target
 from loadgen.source import SourceError
 
@@ -167,10 +168,10 @@ async def _child() -> int:
     except msgspec.DecodeError as e:
         send(Fatal(f"bad engine configuration: {e}"))
         return 2
-    coord = Coordinator(cfg, os.environ.get("TOKENTOP_API_KEY"))
     try:
+        coord = Coordinator(cfg, os.environ.get("TOKENTOP_API_KEY"))
         await coord.start()
-    except TargetError as e:
+    except (TargetError, ConfigError) as e:
         send(Fatal(str(e)))
         return 2
     assert coord.target is not None

@@ -18,8 +18,9 @@ from typing import TextIO
 import msgspec
 
 from loadgen import __version__
-from loadgen.coordinator import Coordinator, RunConfig
+from loadgen.coordinator import Coordinator
 from loadgen.preflight import TargetError
+from loadgen.run_config import ConfigError, RunConfig
 from loadgen.snapshot import Snapshot
 from loadgen.windows import SnapshotWindows, WindowStats
 
@@ -33,18 +34,22 @@ async def run_headless(
     json_path: Path | None = None,
     out: TextIO = sys.stderr,
 ) -> int:
-    coord = Coordinator(cfg, api_key)
     try:
+        coord = Coordinator(cfg, api_key)
         await coord.start()
-    except TargetError as e:
+    except (TargetError, ConfigError) as e:
         print(f"tokentop: {e}", file=out)
         return 2
     _install_signal_handlers(coord, out)
     windows = SnapshotWindows()
     last_second = -1
     try:
+        measuring = cfg.warmup == 0
         async for snap in coord.snapshots():
             windows.add(snap)
+            if not measuring and not snap.load.warmup:
+                windows.reset()  # the results start when the warm-up ends
+                measuring = True
             for ev in snap.events:
                 if ev.level != "info":
                     print(f"tokentop: {ev.level}: {ev.message}", file=out)
@@ -93,8 +98,11 @@ def progress_line(snap: Snapshot, w: WindowStats) -> str:
     ttft, itl = w.latency["ttft"], w.latency["itl"]
     est = " est" if w.tokens_estimated else ""
     c = snap.counters
+    load = f"c={ld.target_concurrency}" if ld.mode == "closed" else (
+        f"rate={ld.target_rate:g}/s backlog={ld.backlog}")
+    state = "warm-up" if ld.warmup and ld.state == "running" else ld.state
     return (
-        f"[{snap.elapsed:6.0f}s] {ld.state:<8} c={ld.target_concurrency} inflight={ld.in_flight}"
+        f"[{snap.elapsed:6.0f}s] {state:<8} {load} inflight={ld.in_flight}"
         f" | {_num(w.output_tok_s)} tok/s{est} {_num(w.req_s, 1)} req/s"
         f" | TTFT p50 {_ms(ttft['p50'])} p99 {_ms(ttft['p99'])} | ITL p99 {_ms(itl['p99'], 2)}"
         f" | ok {c.requests_ok} err {c.requests_failed} | {server}"
@@ -121,17 +129,20 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
         "requests": {
             "ok": run.requests_ok,
             "failed": run.requests_failed,
+            "cancelled": run.requests_cancelled,
             "errors": run.errors,
         },
         "tokens": {
-            "output": last.counters.output_tokens if last else 0,
-            "input": last.counters.input_tokens if last else 0,
+            "output": run.output_tokens,
+            "input": run.input_tokens,
             "output_estimated": run.tokens_estimated,
         },
         "throughput": {
             "output_tok_s": run.output_tok_s,
             "input_tok_s": run.input_tok_s,
             "req_s": run.req_s,
+            # requests/s within every --slo limit (None when no --slo was given)
+            "goodput_req_s": run.goodput_req_s if cfg.slo else None,
         },
         "latency_ms": latency,
         "server": msgspec.to_builtins(last.server) if last and last.server else None,

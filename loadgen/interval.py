@@ -31,7 +31,10 @@ class SparseHist(msgspec.Struct, array_like=True):
 
 
 class IntervalRecorder:
-    __slots__ = ("counters", "e2e", "icl", "itl_v", "itl_w", "last_errors", "tpot", "ttft")
+    __slots__ = (
+        "counters", "e2e", "e2e_co", "icl", "itl_err", "itl_v", "itl_w", "lag", "last_errors",
+        "tpot", "ttft", "ttft_co", "ttft_err",
+    )
 
     def __init__(self) -> None:
         self._clear()
@@ -43,27 +46,36 @@ class IntervalRecorder:
         self.icl = array("d")
         self.itl_v = array("d")  # per-token gap, µs
         self.itl_w = array("d")  # how many tokens shared that gap
+        self.lag = array("d")  # open loop: intended → actual send
+        self.ttft_co = array("d")  # open loop: from the intended send time
+        self.e2e_co = array("d")
+        self.ttft_err = array("d")  # calibration: |measured − true|
+        self.itl_err = array("d")
         self.counters = Counters()
         self.last_errors: dict[str, str] = {}
 
     def error(self, kind: str, message: str) -> None:
         c = self.counters
-        c.requests_failed += 1
+        if kind == "cancelled":
+            c.requests_cancelled += 1  # abandoned on purpose: not a server failure
+        else:
+            c.requests_failed += 1
         c.errors[kind] = c.errors.get(kind, 0) + 1
         self.last_errors[kind] = message[:300]
 
     def take(self) -> tuple[Counters, dict[str, SparseHist], dict[str, str]]:
         """Everything recorded since the last take, as counters and sparse histograms."""
-        hists = {
-            "ttft": _sparse(self.ttft),
-            "e2e": _sparse(self.e2e),
-            "tpot": _sparse(self.tpot),
-            "icl": _sparse(self.icl),
-            "itl": _sparse(self.itl_v, self.itl_w),
-        }
+        hists = {"itl": _sparse(self.itl_v, self.itl_w)} if self.itl_v else {}
+        for name in _PLAIN:
+            values = getattr(self, name)
+            if values:  # only what was measured: an empty metric costs nothing on the wire
+                hists[name] = _sparse(values)
         counters, errors = self.counters, self.last_errors
         self._clear()
         return counters, hists, errors
+
+
+_PLAIN = ("ttft", "e2e", "tpot", "icl", "lag", "ttft_co", "e2e_co", "ttft_err", "itl_err")
 
 
 def _sparse(values: array, weights: array | None = None) -> SparseHist:

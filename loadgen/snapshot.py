@@ -26,7 +26,9 @@ import msgspec
 SNAPSHOT_VERSION = 1
 
 # Latency metrics carried in `Snapshot.hist` (all in µs). See DESIGN.md for definitions.
-METRICS = ("ttft", "itl", "tpot", "e2e", "icl")
+# lag, ttft_co and e2e_co exist in open loop only (intended send time); ttft_err and
+# itl_err in calibration only (|measured − true|). A metric with no samples is left out.
+METRICS = ("ttft", "itl", "tpot", "e2e", "icl", "lag", "ttft_co", "e2e_co", "ttft_err", "itl_err")
 
 # Error kinds the client classifies failures into.
 ERROR_KINDS = (
@@ -39,6 +41,7 @@ ERROR_KINDS = (
     "malformed_chunk",
     "empty_response",
     "cancelled",
+    "client_backlog_full",
 )
 
 
@@ -53,8 +56,13 @@ class LoadState(msgspec.Struct, kw_only=True):
     mode: str = "closed"  # closed (N concurrent streams) | open (request rate)
     state: str = "starting"  # starting | running | paused | draining | stopped
     target_concurrency: int = 0
+    target_rate: float | None = None  # open loop: requests/s
+    arrival: str | None = None  # open loop: constant | poisson | gamma(k)
+    max_in_flight: int | None = None  # open loop cap
     in_flight: int = 0  # requests sent and not yet finished, all workers
     backlog: int = 0  # requests due but not yet sent (open loop)
+    warmup: bool = False  # this tick is warm-up: excluded from results
+    note: str | None = None  # e.g. "ramp 8→64, 30 s left"
 
 
 class Counters(msgspec.Struct, kw_only=True):
@@ -62,6 +70,8 @@ class Counters(msgspec.Struct, kw_only=True):
 
     requests_ok: int = 0
     requests_failed: int = 0
+    requests_cancelled: int = 0  # abandoned by the client on purpose (also in errors)
+    requests_good: int = 0  # ok and within every per-request SLO (goodput)
     output_tokens: int = 0
     input_tokens: int = 0
     chunks: int = 0
@@ -72,6 +82,8 @@ class Counters(msgspec.Struct, kw_only=True):
     def add(self, other: Counters) -> None:
         self.requests_ok += other.requests_ok
         self.requests_failed += other.requests_failed
+        self.requests_cancelled += other.requests_cancelled
+        self.requests_good += other.requests_good
         self.output_tokens += other.output_tokens
         self.input_tokens += other.input_tokens
         self.chunks += other.chunks
@@ -236,6 +248,7 @@ class Control(msgspec.Struct, kw_only=True):
     """A plain control message; the console, the CLI and MQTT all send these.
 
     op: set_concurrency (value) | add_concurrency (value, may be negative) |
+        set_rate (value, req/s) | add_rate (value) | set_mode (note: closed | open) |
         pause | resume | stop | mark (note)
     """
 
@@ -245,4 +258,7 @@ class Control(msgspec.Struct, kw_only=True):
     source: str = "cli"  # who asked: key | cli | mqtt
 
 
-CONTROL_OPS = ("set_concurrency", "add_concurrency", "pause", "resume", "stop", "mark")
+CONTROL_OPS = (
+    "set_concurrency", "add_concurrency", "set_rate", "add_rate", "set_mode",
+    "pause", "resume", "stop", "mark",
+)

@@ -84,6 +84,7 @@ class Chunk(msgspec.Struct):
     choices: list[Choice] = []
     usage: Usage | None = None
     error: ErrorBody | None = None
+    tokentop_sent_ns: int | None = None  # the simulator's send time in exact-timing mode
 
     def has_text(self) -> bool:
         """True when this chunk carries generated text (content or reasoning)."""

@@ -88,6 +88,10 @@ class WindowStats:
     err_s: float | None
     requests_ok: int
     requests_failed: int
+    requests_cancelled: int = 0
+    output_tokens: int = 0
+    input_tokens: int = 0
+    goodput_req_s: float | None = None  # requests/s that met every per-request SLO
     errors: dict[str, int] = field(default_factory=dict)
     tokens_estimated: bool = False
 
@@ -174,6 +178,10 @@ def _rates(start, end) -> dict:
         err_s=(b.requests_failed - a.requests_failed) / dt,
         requests_ok=b.requests_ok - a.requests_ok,
         requests_failed=b.requests_failed - a.requests_failed,
+        requests_cancelled=b.requests_cancelled - a.requests_cancelled,
+        output_tokens=b.output_tokens - a.output_tokens,
+        input_tokens=b.input_tokens - a.input_tokens,
+        goodput_req_s=(b.requests_good - a.requests_good) / dt,
         errors=errors,
         tokens_estimated=b.estimated_output_tokens > a.estimated_output_tokens,
     )

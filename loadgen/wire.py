@@ -15,7 +15,27 @@ import msgspec
 
 from loadgen.interval import SparseHist
 from loadgen.snapshot import Counters
+from loadgen.stream_measure import Slo
 from loadgen.workload import Workload
+
+
+class LoadSpec(msgspec.Struct, kw_only=True):
+    """The load one worker (or, in the coordinator, the whole run) should apply now."""
+
+    mode: str = "closed"  # closed: `concurrency` streams | open: `rate` requests/s
+    concurrency: int = 0
+    rate: float = 0.0
+    arrival: str = "poisson"  # constant | poisson | gamma
+    shape: float = 1.0  # gamma shape (burstiness: < 1 burstier than Poisson)
+    max_in_flight: int | None = None  # open loop: cap on in-flight requests; the rest wait
+
+
+class Cancelling(msgspec.Struct, kw_only=True, frozen=True):
+    """Users who abandon streams: a fraction of requests, cut after N tokens or S seconds."""
+
+    rate: float = 0.0
+    after_tokens: int | None = None
+    after_s: float | None = None
 
 
 class Configure(msgspec.Struct, tag="configure", kw_only=True):
@@ -23,10 +43,15 @@ class Configure(msgspec.Struct, tag="configure", kw_only=True):
     base_url: str
     workload: Workload
     request_timeout: float = 600.0
+    client: str = "raw"  # raw (httptools, the fast path) | openai (the official SDK)
+    slo: Slo | None = None
+    cancelling: Cancelling = Cancelling()
+    max_requests: int | None = None  # this worker's share of a request-count limit
+    exact_ttft_us: float | None = None  # calibration against the exact-timing simulator
 
 
-class SetConcurrency(msgspec.Struct, tag="set_concurrency"):
-    value: int
+class SetLoad(msgspec.Struct, tag="set_load"):
+    spec: LoadSpec
 
 
 class Pause(msgspec.Struct, tag="pause"):
@@ -45,6 +70,7 @@ class Report(msgspec.Struct, tag="report", kw_only=True):
     index: int
     seq: int
     in_flight: int
+    backlog: int
     counters: Counters
     hists: dict[str, SparseHist]
     last_errors: dict[str, str]
@@ -61,7 +87,7 @@ class Failed(msgspec.Struct, tag="failed"):
     message: str
 
 
-ToWorker = Configure | SetConcurrency | Pause | Flush | Stop
+ToWorker = Configure | SetLoad | Pause | Flush | Stop
 FromWorker = Report | Stopped | Failed
 
 _HEADER = struct.Struct(">I")

@@ -10,16 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import signal
 import sys
 import time
 
-import aiohttp
-
 from loadgen import eventloop, wire
 from loadgen.client import StreamingClient
 from loadgen.interval import IntervalRecorder
-from loadgen.load import ClosedLoop
+from loadgen.load import Arrivals, ClosedLoop, OpenLoop
 from loadgen.workload import RequestFactory
 
 log = logging.getLogger("tokentop.worker")
@@ -54,27 +53,66 @@ class LagMeter:
 class Worker:
     def __init__(self, cfg: wire.Configure, api_key: str | None) -> None:
         self.cfg = cfg
-        self.api_key = api_key
         self.rec = IntervalRecorder()
         self.lag = LagMeter()
         self.factory = RequestFactory(cfg.workload, cfg.index)
+        self.rng = random.Random(cfg.workload.seed * 7919 + cfg.index)
         self._cpu_mark = time.process_time()
+        self.sent = 0
+        url = cfg.base_url.rstrip("/") + cfg.workload.path
+        self.client = make_client(cfg, url, self.rec, api_key)
+        self.closed = ClosedLoop(self._send_one)
+        self.open = OpenLoop(self._send_at, Arrivals(0.0, seed=cfg.workload.seed + cfg.index),
+                             self._backlog_overflow)
+        self.spec = wire.LoadSpec()
 
     async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # one connection per stream at most; keep-alive reuses them between requests
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        async with aiohttp.ClientSession(connector=connector) as session:
-            url = self.cfg.base_url.rstrip("/") + self.cfg.workload.path
-            self.client = StreamingClient(
-                session, url, self.rec, api_key=self.api_key, timeout=self.cfg.request_timeout
-            )
-            self.loop = ClosedLoop(self._send_one)
-            self.lag.start()
+        self.lag.start()
+        try:
             await self._serve(reader, writer)
+        finally:
+            self.client.close()
+
+    # ---- sending ------------------------------------------------------------------------
 
     async def _send_one(self) -> None:
+        await self._send_at(None)
+
+    async def _send_at(self, t_intended: float | None) -> None:
+        limit = self.cfg.max_requests
+        if limit is not None and self.sent >= limit:
+            # this worker's share of --requests is used up: stop asking for more
+            self.closed.set_target(0)
+            self.open.set(0.0, self.open.cap)
+            return
+        self.sent += 1
         body, words = self.factory.next()
-        await self.client.request(body, words)
+        c = self.cfg.cancelling
+        abandon = c.rate > 0 and self.rng.random() < c.rate
+        await self.client.request(
+            body, words, t_intended,
+            cancel_after_tokens=c.after_tokens if abandon else None,
+            cancel_after_s=c.after_s if abandon else None,
+        )
+
+    def _backlog_overflow(self) -> None:
+        self.rec.error("client_backlog_full", "open-loop backlog full: dropped the oldest request")
+
+    def apply(self, spec: wire.LoadSpec) -> None:
+        """Move to the wanted load; switching mode winds the other loop down gently."""
+        self.spec = spec
+        if spec.mode == "closed":
+            self.open.set(0.0, spec.max_in_flight)
+            self.closed.set_target(spec.concurrency)
+        else:
+            self.closed.set_target(0)
+            arrivals = self.open.arrivals
+            if (arrivals.kind, arrivals.shape) != (spec.arrival, spec.shape):
+                arrivals.kind, arrivals.shape = spec.arrival, spec.shape
+            self.open.set(spec.rate, spec.max_in_flight)
+            self.open.start()
+
+    # ---- the pipe -----------------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         finishing: asyncio.Task | None = None
@@ -82,13 +120,14 @@ class Worker:
             raw = await wire.read_frame(reader)
             if raw is None:
                 # the coordinator is gone (or done with us): stop at once, nobody is listening
-                await self.loop.drain(0.0)
+                await self._drain(0.0)
                 return
             msg = wire.to_worker_decoder.decode(raw)
-            if isinstance(msg, wire.SetConcurrency):
-                self.loop.set_target(msg.value)
+            if isinstance(msg, wire.SetLoad):
+                self.apply(msg.spec)
             elif isinstance(msg, wire.Pause):
-                self.loop.pause(msg.paused)
+                self.closed.pause(msg.paused)
+                self.open.pause(msg.paused)
             elif isinstance(msg, wire.Flush):
                 writer.write(wire.frame(self._report(msg.seq)))
                 await writer.drain()
@@ -96,8 +135,11 @@ class Worker:
                 # drain in the background so that flushes keep answering while it runs
                 finishing = asyncio.create_task(self._finish(msg.grace, writer))
 
+    async def _drain(self, grace: float) -> None:
+        await asyncio.gather(self.closed.drain(grace), self.open.drain(grace))
+
     async def _finish(self, grace: float, writer: asyncio.StreamWriter) -> None:
-        await self.loop.drain(grace)
+        await self._drain(grace)
         writer.write(wire.frame(self._report(-1)))
         writer.write(wire.frame(wire.Stopped(self.cfg.index)))
         await writer.drain()
@@ -110,12 +152,24 @@ class Worker:
             index=self.cfg.index,
             seq=seq,
             in_flight=self.client.in_flight,
+            backlog=len(self.open.backlog),
             counters=counters,
             hists=hists,
             last_errors=errors,
             loop_lag_ms=self.lag.take_ms(),
             cpu_s=cpu_s,
         )
+
+
+def make_client(cfg: wire.Configure, url: str, rec: IntervalRecorder, api_key: str | None):
+    if cfg.client == "openai":
+        from loadgen.openai_client import OpenAIClient
+
+        return OpenAIClient(url, rec, api_key=api_key, timeout=cfg.request_timeout, slo=cfg.slo)
+    return StreamingClient(
+        url, rec, api_key=api_key, timeout=cfg.request_timeout, slo=cfg.slo,
+        exact_ttft_us=cfg.exact_ttft_us,
+    )
 
 
 async def _stdio() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

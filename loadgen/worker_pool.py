@@ -73,7 +73,7 @@ class WorkerPool:
     def __init__(self, n: int) -> None:
         self.n = n
         self.workers: list[WorkerHandle] = []
-        self.concurrency = 0
+        self.spec = wire.LoadSpec()
 
     async def start(self, configure: list[wire.Configure], env: dict[str, str]) -> None:
         for cfg in configure:
@@ -89,12 +89,20 @@ class WorkerPool:
             handle.send(cfg)
             self.workers.append(handle)
 
-    def set_concurrency(self, total: int) -> None:
-        """Split `total` streams over the workers, the first ones taking the remainder."""
-        self.concurrency = total
+    def set_load(self, spec: wire.LoadSpec) -> None:
+        """Split the run's load over the workers: streams and caps by whole numbers (the
+        first workers take the remainder), the rate evenly (a split Poisson process is
+        still Poisson)."""
+        self.spec = spec
         n = len(self.workers)
         for i, w in enumerate(self.workers):
-            w.send(wire.SetConcurrency(total // n + (1 if i < total % n else 0)))
+            w.send(wire.SetLoad(msgspec.structs.replace(
+                spec,
+                concurrency=_share(spec.concurrency, n, i),
+                rate=spec.rate / n,
+                max_in_flight=None if spec.max_in_flight is None
+                else max(1, _share(spec.max_in_flight, n, i)),
+            )))
 
     def pause(self, paused: bool) -> None:
         for w in self.workers:
@@ -132,6 +140,10 @@ class WorkerPool:
     @property
     def alive(self) -> int:
         return sum(1 for w in self.workers if not w.stopped.is_set())
+
+
+def _share(total: int, n: int, i: int) -> int:
+    return total // n + (1 if i < total % n else 0)
 
 
 async def _end(proc: asyncio.subprocess.Process) -> None:

@@ -50,6 +50,27 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text.rstrip("%")) / (100.0 if text.endswith("%") else 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction like 0.05 or 5%, got {text!r}") \
+            from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected requests per second, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+    return value
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("target")
     t.add_argument("--url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
@@ -60,22 +81,57 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="file holding the API key (default: $OPENAI_API_KEY); never on the "
                    "command line, so it stays out of shell history and `ps`")
     t.add_argument("--metrics-url", help="the server's Prometheus /metrics, when not at URL root")
+    t.add_argument("--client", choices=("raw", "openai"), default="raw",
+                   help="raw: tokentop's own fast HTTP client (default); openai: the official "
+                   "SDK, to see what SDK-based applications see")
     w = p.add_argument_group("load")
+    w.add_argument("--mode", choices=("closed", "open"), default="closed",
+                   help="closed: N concurrent streams; open: a request rate")
     w.add_argument("-c", "--concurrency", type=_whole(0), default=8, help="concurrent streams")
-    w.add_argument("--input-tokens", type=_whole(1), default=128, help="prompt length")
-    w.add_argument("--output-tokens", type=_whole(1), default=128, help="max_tokens per request")
-    w.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="let the model stop early (default: ask for exactly --output-tokens)")
-    w.add_argument("--no-continuous-usage", dest="continuous_usage", action="store_false",
+    w.add_argument("--rate", type=_rate, default=1.0, help="open loop: requests per second")
+    w.add_argument("--arrival", choices=("constant", "poisson", "gamma"), default="poisson",
+                   help="open loop arrival process")
+    w.add_argument("--burstiness", type=_seconds, default=1.0,
+                   help="gamma shape: < 1 burstier than Poisson, > 1 more regular")
+    w.add_argument("--max-in-flight", type=_whole(1),
+                   help="open loop: cap on requests in flight; the rest wait in a backlog")
+    w.add_argument("--ramp", help="linear:FROM:TO:SECONDS or step:START:STEP:SECONDS[:MAX]")
+    k = p.add_argument_group("workload")
+    k.add_argument("--input-tokens", default="128",
+                   help="prompt length: 128, uniform:64:256, normal:128:32, lognormal:128:0.5")
+    k.add_argument("--output-tokens", default="128", help="max_tokens, same forms")
+    k.add_argument("--shared-prefix", type=_whole(0), default=0,
+                   help="words every prompt shares at the start (prefix-cache studies)")
+    k.add_argument("--prompts", dest="prompts_file",
+                   help="JSONL prompts ({\"prompt\": …} or ShareGPT conversations)")
+    k.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="let the model stop early (default: ask for exactly max_tokens)")
+    k.add_argument("--no-continuous-usage", dest="continuous_usage", action="store_false",
                    help="do not ask for usage on every chunk (for servers that reject it)")
-    w.add_argument("--duration", type=_seconds, help="seconds of load, then stop")
-    w.add_argument("--workers", type=_whole(0), default=0,
+    m = p.add_argument_group("limits and measurement")
+    m.add_argument("--duration", type=_seconds, help="seconds of load after warm-up, then stop")
+    m.add_argument("--warmup", type=_seconds, help="seconds of load excluded from the results")
+    m.add_argument("--requests", dest="max_requests", type=_whole(1),
+                   help="stop after this many requests")
+    m.add_argument("--stop-error-rate", type=_fraction,
+                   help="stop when errors over the last 10 s pass this fraction")
+    m.add_argument("--cancel-rate", type=_fraction, default=0.0,
+                   help="fraction of requests the client abandons (users who leave)")
+    m.add_argument("--cancel-at", help="abandon after this many tokens (20) or seconds (1.5s)")
+    m.add_argument("--slo", help="goodput limits per request, e.g. ttft=500ms,tpot=50ms,e2e=10s")
+    m.add_argument("--workers", type=_whole(0), default=0,
                    help="load worker processes (default: cores - 1, at least 1)")
-    w.add_argument("--request-timeout", type=_seconds, default=600.0)
-    w.add_argument("--drain-grace", type=_seconds, default=10.0,
+    m.add_argument("--request-timeout", type=_seconds, default=600.0)
+    m.add_argument("--drain-grace", type=_seconds, default=10.0,
                    help="on stop, seconds in-flight requests may take before they are cancelled")
-    w.add_argument("--tick", type=_seconds, default=0.5, help="seconds per Snapshot")
-    w.add_argument("--seed", type=int, default=0)
+    m.add_argument("--tick", type=_seconds, default=0.5, help="seconds per Snapshot")
+    m.add_argument("--seed", type=int, default=0)
+
+
+def _fail(message: str) -> None:
+    """Bad input: one line, exit code 2."""
+    print(f"tokentop: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def _api_key(args: argparse.Namespace) -> str | None:
@@ -83,30 +139,21 @@ def _api_key(args: argparse.Namespace) -> str | None:
         try:
             return args.api_key_file.read_text().strip() or None
         except OSError as e:
-            sys.exit(f"tokentop: cannot read --api-key-file {args.api_key_file}: {e.strerror}")
+            _fail(f"cannot read --api-key-file {args.api_key_file}: {e.strerror}")
     return os.environ.get("OPENAI_API_KEY") or None
 
 
 def run_config(args: argparse.Namespace):
-    from loadgen.coordinator import RunConfig
+    """The RunConfig of parsed arguments; exits with one line when a value cannot be used."""
+    from loadgen.run_config import ConfigError, RunConfig
 
-    return RunConfig(
-        url=args.url,
-        model=args.model,
-        api=args.api,
-        concurrency=args.concurrency,
-        duration=args.duration,
-        input_tokens=args.input_tokens,
-        output_tokens=args.output_tokens,
-        ignore_eos=args.ignore_eos,
-        continuous_usage=args.continuous_usage,
-        workers=args.workers,
-        tick=args.tick,
-        request_timeout=args.request_timeout,
-        drain_grace=args.drain_grace,
-        metrics_url=args.metrics_url,
-        seed=args.seed,
-    )
+    fields = set(RunConfig.__struct_fields__)
+    cfg = RunConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+    try:
+        cfg.parsed()
+    except ConfigError as e:
+        _fail(str(e))
+    return cfg
 
 
 def console_parser(prog: str = "tokentop") -> argparse.ArgumentParser:
