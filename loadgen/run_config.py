@@ -54,7 +54,7 @@ class RunConfig(msgspec.Struct, kw_only=True):
     stop_error_rate: float | None = None  # stop when the 10 s error fraction passes this
     cancel_rate: float = 0.0
     cancel_at: str | None = None  # "20" tokens or "1.5s"
-    slo: str | None = None  # goodput: "ttft=500ms,tpot=50ms,e2e=10s"
+    slo: str | None = None  # "ttft<500ms,ttft_p99<1s,error_rate<1%": see parse_slos
     # machinery
     workers: int = 0  # 0: cores - 1, at least 1
     tick: float = 0.5
@@ -83,8 +83,13 @@ class Parsed:
     input_tokens: LengthDist
     output_tokens: LengthDist
     ramp: Ramp | None
-    slo: Slo | None
+    slos: Slos
     cancelling: Cancelling
+
+    @property
+    def slo(self) -> Slo | None:
+        """The per-request limits (goodput)."""
+        return self.slos.per_request
 
     def workload(self, cfg: RunConfig, model: str) -> Workload:
         return Workload(
@@ -114,7 +119,7 @@ def _parse(cfg: RunConfig) -> Parsed:
         ramp = Ramp.parse(cfg.ramp) if cfg.ramp else None
     except (WorkloadError, RampError) as e:
         raise ConfigError(str(e)) from None
-    return Parsed(inp, out, ramp, parse_slo(cfg.slo), _cancelling(cfg))
+    return Parsed(inp, out, ramp, parse_slos(cfg.slo), _cancelling(cfg))
 
 
 def _check_choices(cfg: RunConfig) -> None:
@@ -136,7 +141,6 @@ def _check_choices(cfg: RunConfig) -> None:
 
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|µs|ms|s)?\s*$")
-_SLO_PART = re.compile(r"^\s*(\w+)\s*(?:<=|<|=)\s*(.+)$")
 _UNIT_US = {"us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6, None: 1e3}  # bare numbers are ms
 
 
@@ -147,17 +151,81 @@ def parse_us(text: str) -> float:
     return float(m.group(1)) * _UNIT_US[m.group(2)]
 
 
-def parse_slo(text: str | None) -> Slo | None:
-    """'ttft=500ms,tpot=50ms,e2e=10s' (or with <) → Slo; None when not given."""
+class Threshold(msgspec.Struct, frozen=True):
+    """A whole-run pass/fail limit, k6 style: `ttft_p99<500ms`, `error_rate<0.1%`."""
+
+    metric: str  # ttft | itl | tpot | e2e | error_rate | req_s | output_tok_s
+    stat: str | None  # p50 | p90 | p99 | p99.9 | max | mean (latencies only)
+    op: str  # < | <= | > | >=
+    value: float  # µs for latencies, a fraction for error_rate, per second for rates
+    text: str  # as the user wrote it, for reports
+
+    def passes(self, measured: float | None) -> bool:
+        if measured is None:
+            return False
+        return {"<": measured < self.value, "<=": measured <= self.value,
+                ">": measured > self.value, ">=": measured >= self.value}[self.op]
+
+
+class Slos(msgspec.Struct, frozen=True):
+    per_request: Slo | None  # goodput: each request within these
+    thresholds: list[Threshold]  # the run passes when all hold
+
+
+_LATENCIES = ("ttft", "itl", "tpot", "e2e")
+_STATS = ("p50", "p90", "p99", "p99.9", "max", "mean")
+_SLO_PART = re.compile(r"^\s*([a-z_]+?)(?:_(p50|p90|p99|p99\.9|max|mean))?\s*(<=|<|>=|>|=)\s*(.+)$")
+
+
+def parse_slos(text: str | None) -> Slos:
+    """`--slo` parts, comma-separated:
+
+    ttft<500ms, tpot<50ms, e2e<10s   per request: a request inside all of them is "good"
+                                     (goodput = good requests per second)
+    ttft_p99<500ms, itl_p99.9<80ms   whole run: pass/fail thresholds (exit code 3 on fail)
+    error_rate<0.1%, output_tok_s>1000, req_s>=5
+    """
     if not text:
-        return None
-    limits: dict[str, float] = {}
+        return Slos(None, [])
+    per_request: dict[str, float] = {}
+    thresholds: list[Threshold] = []
     for part in text.split(","):
-        m = _SLO_PART.match(part)
-        if not m or m.group(1).lower() not in ("ttft", "tpot", "e2e"):
-            raise ConfigError(f"bad --slo part {part!r}: use ttft=500ms,tpot=50ms,e2e=10s")
-        limits[f"{m.group(1).lower()}_us"] = parse_us(m.group(2))
-    return Slo(**limits)
+        m = _SLO_PART.match(part.strip().lower())
+        if not m:
+            raise ConfigError(f"bad --slo part {part.strip()!r}: use e.g. ttft<500ms, "
+                              "ttft_p99<500ms or error_rate<1%")
+        metric, stat, op, value = m.groups()
+        op = "<=" if op == "=" else op
+        if metric in _LATENCIES and stat is None:
+            if op not in ("<", "<="):
+                raise ConfigError(f"per-request limit {part.strip()!r} must be an upper bound")
+            per_request[f"{metric}_us"] = parse_us(value)
+        elif metric in _LATENCIES:
+            thresholds.append(Threshold(metric, stat, op, parse_us(value), part.strip()))
+        elif metric == "error_rate" and stat is None:
+            thresholds.append(Threshold(metric, None, op, _fraction(value), part.strip()))
+        elif metric in ("req_s", "output_tok_s", "goodput_req_s") and stat is None:
+            thresholds.append(Threshold(metric, None, op, _number(value), part.strip()))
+        else:
+            raise ConfigError(f"unknown --slo metric in {part.strip()!r}: latencies "
+                              f"{', '.join(_LATENCIES)} (optionally _p99 etc.), error_rate, "
+                              "req_s, output_tok_s, goodput_req_s")
+    return Slos(Slo(**per_request) if per_request else None, thresholds)
+
+
+def _fraction(text: str) -> float:
+    t = text.strip()
+    try:
+        return float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
+    except ValueError:
+        raise ConfigError(f"bad fraction {text!r}: use 0.001 or 0.1%") from None
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise ConfigError(f"bad number {text!r}") from None
 
 
 def _cancelling(cfg: RunConfig) -> Cancelling:

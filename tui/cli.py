@@ -118,7 +118,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--cancel-rate", type=_fraction, default=0.0,
                    help="fraction of requests the client abandons (users who leave)")
     m.add_argument("--cancel-at", help="abandon after this many tokens (20) or seconds (1.5s)")
-    m.add_argument("--slo", help="goodput limits per request, e.g. ttft=500ms,tpot=50ms,e2e=10s")
+    m.add_argument("--slo", help="per request (goodput): ttft<500ms,tpot<50ms,e2e<10s; whole run "
+                   "(pass/fail): ttft_p99<1s,error_rate<1%%,output_tok_s>500")
     m.add_argument("--workers", type=_whole(0), default=0,
                    help="load worker processes (default: cores - 1, at least 1)")
     m.add_argument("--request-timeout", type=_seconds, default=600.0)

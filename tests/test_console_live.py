@@ -1,0 +1,66 @@
+"""The console on the real engine: a child engine process, real workers, the real simulator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from textual.pilot import Pilot
+
+from loadgen.engine_process import EngineProcess
+from loadgen.run_config import RunConfig
+from tui.app import TokentopApp
+
+
+async def until(pilot: Pilot, cond: Callable[[], bool], seconds: float = 20.0) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if cond():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+async def test_keys_drive_the_real_engine_and_metrics_reach_the_load_panel(sim):
+    # long answers, so streams stay in flight while we look
+    cfg = RunConfig(url=sim.url, concurrency=2, output_tokens="2000", workers=1, tick=0.25,
+                    drain_grace=1.0)
+    app = TokentopApp(EngineProcess(cfg), refresh=0.1)
+    engine = sim.model
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: engine.num_running == 2)
+        await pilot.press("plus")
+        await until(pilot, lambda: engine.num_running == 3)
+        await pilot.press("right_square_bracket")
+        # 13 streams against 8 slots: the server runs 8 and queues 5, and says so in /metrics
+        await until(pilot, lambda: engine.num_running + engine.num_waiting == 13)
+        last = lambda: app.windows.last  # noqa: E731
+        await until(pilot, lambda: last() is not None and last().load.in_flight == 13)
+        await until(pilot, lambda: last().server is not None and last().server.waiting == 5)
+        await until(pilot, lambda: "waiting 5" in str(app.query_one("#load").render()))
+        assert "running 8" in str(app.query_one("#load").render())
+        await pilot.press("minus")
+        await until(pilot, lambda: last().load.target_concurrency == 12)
+        source = app.source
+        await pilot.press("q")
+        await until(pilot, lambda: source.proc is not None and source.proc.returncode is not None)
+    # the load stopped with the console: nothing is left running on the server
+    await until_plain(lambda: engine.num_running + engine.num_waiting == 0)
+
+
+async def until_plain(cond: Callable[[], bool], seconds: float = 10.0) -> None:
+    import asyncio
+
+    for _ in range(int(seconds / 0.05)):
+        if cond():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+async def test_unreachable_target_is_shown_in_the_console():
+    cfg = RunConfig(url="http://127.0.0.1:9/v1", workers=1)
+    app = TokentopApp(EngineProcess(cfg), refresh=0.1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.error is not None)
+        assert "cannot reach http://127.0.0.1:9/v1" in app.error
+        await until(pilot, lambda: "cannot reach" in str(app.query_one("#header").render()))
+        await pilot.press("q")
