@@ -52,19 +52,35 @@ ERROR_RATE_MIN_REQUESTS = 20  # … and needs at least this many requests to jud
 LAG_WARN_MS = 5.0  # event-loop lag that starts to show in latencies
 
 
+class ResumeFrom(msgspec.Struct, kw_only=True):
+    """Where a resumed run (`--resume DIR`) picks up: same run id, numbering and totals."""
+
+    run_id: str
+    seq: int  # the next Snapshot's seq
+    elapsed: float  # seconds the run had lasted at its last Snapshot
+    counters: Counters  # the totals at its last Snapshot
+
+
 class Coordinator:
-    def __init__(self, cfg: RunConfig, api_key: str | None = None) -> None:
+    def __init__(
+        self, cfg: RunConfig, api_key: str | None = None, resume: ResumeFrom | None = None
+    ) -> None:
         self.cfg = cfg
         self.parsed = cfg.parsed()  # raises ConfigError before anything starts
         self.api_key = api_key
-        self.run_id = uuid.uuid4().hex[:12]
+        self.resume = resume
+        self.run_id = resume.run_id if resume else uuid.uuid4().hex[:12]
         self.sim: EmbeddedSim | None = None
         self.pool = WorkerPool(cfg.workers or default_workers())
         self.spec = cfg.load_spec()
         self.ramp = self.parsed.ramp
         self.state = "starting"
         self.target: Target | None = None
-        self.counters = Counters()
+        # a resumed run carries its totals on, so cumulative counters never go backwards
+        self.counters = (
+            msgspec.structs.replace(resume.counters, errors=dict(resume.counters.errors))
+            if resume else Counters()
+        )
         self._events: list[Event] = []
         self._in_flight: dict[int, int] = {}
         self._backlog: dict[int, int] = {}
@@ -212,7 +228,12 @@ class Coordinator:
         t0_wall, t0 = time.time(), time.monotonic()
         next_tick = t0 + tick
         last_tick = t0
-        seq = 0
+        seq = self.resume.seq if self.resume else 0
+        # elapsed counts on from the resumed run's last Snapshot; the gap itself is not load
+        offset = self.resume.elapsed if self.resume else 0.0
+        if self.resume:
+            self._event("run", f"resumed run {self.run_id} after a gap; numbering continues "
+                        f"at seq {seq}", level="warn")
         while True:
             await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
             elapsed = time.monotonic() - t0
@@ -222,7 +243,9 @@ class Coordinator:
             if self._drain is not None and self._drain.done():
                 reports += self.pool.drain_reports()
                 self.state = "stopped"
-            snap = self._build(seq, reports, t0_wall + (now - t0), now - t0, now - last_tick)
+            snap = self._build(
+                seq, reports, t0_wall + (now - t0), offset + now - t0, now - last_tick
+            )
             last_tick = now
             seq += 1
             yield snap
