@@ -10,7 +10,7 @@ malformed_chunk, empty_response, cancelled.
 from __future__ import annotations
 
 import asyncio
-from time import perf_counter
+from time import perf_counter, time_ns
 
 import msgspec
 
@@ -32,14 +32,14 @@ class StreamingClient:
         api_key: str | None = None,
         timeout: float = 600.0,
         slo: Slo | None = None,
-        exact_ttft_us: float | None = None,
+        calibrate: bool = False,
     ) -> None:
         self.url = url
         self.endpoint = Endpoint(url, api_key)
         self.rec = rec
         self.timeout = timeout
         self.slo = slo
-        self.exact_ttft_us = exact_ttft_us
+        self.calibrate = calibrate  # compare with the exact-timing simulator's send stamps
         self.in_flight = 0
         self._idle: list[StreamConnection] = []
 
@@ -61,11 +61,12 @@ class StreamingClient:
                 for attempt in (0, 1):
                     conn, reused = await self._connection()
                     t0 = perf_counter()
+                    t0_ns = time_ns() if self.calibrate else None
                     if t_intended is not None:
                         self.rec.lag.append(max(0.0, (t0 - t_intended) * 1e6))
                     measure = StreamMeasure(
                         self.rec, t0, prompt_words, t_intended=t_intended, slo=self.slo,
-                        exact_ttft_us=self.exact_ttft_us, cancel_after_tokens=cancel_after_tokens,
+                        t0_wall_ns=t0_ns, cancel_after_tokens=cancel_after_tokens,
                     )
                     outcome = await conn.send(payload, measure)
                     # a kept-alive connection the server had just closed: try once more, fresh

@@ -154,7 +154,7 @@ class Coordinator:
                 client=cfg.client, slo=self.parsed.slo, cancelling=self.parsed.cancelling,
                 max_requests=None if cfg.max_requests is None
                 else cfg.max_requests // n + (1 if i < cfg.max_requests % n else 0),
-                exact_ttft_us=None if cfg.exact_ttft_ms is None else cfg.exact_ttft_ms * 1e3,
+                calibrate=cfg.calibrate,
             )
             for i in range(n)
         ]

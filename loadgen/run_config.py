@@ -62,7 +62,7 @@ class RunConfig(msgspec.Struct, kw_only=True):
     drain_grace: float = 10.0
     sim_args: list[str] = msgspec.field(default_factory=list)
     seed: int = 0
-    exact_ttft_ms: float | None = None  # calibration: the simulator's exact TTFT
+    calibrate: bool = False  # timing error against the exact-timing simulator's stamps
 
     def parsed(self) -> Parsed:
         return _parse(self)

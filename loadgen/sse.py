@@ -23,6 +23,12 @@ class SseParser:
         self._buf = b""
 
     def feed(self, data: bytes) -> list[bytes]:
+        if not self._buf and data[:6] == b"data: " and data.find(b"\n\n") == len(data) - 2:
+            # the common case on the hot path: exactly one whole one-line event
+            return [data[6:-2]] if b"\n" not in data[6:-2] else self._feed(data)
+        return self._feed(data)
+
+    def _feed(self, data: bytes) -> list[bytes]:
         buf = self._buf + data if self._buf else data
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")

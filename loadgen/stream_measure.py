@@ -47,7 +47,6 @@ class StreamMeasure:
         "cancel_after_tokens",
         "chunks",
         "done",
-        "exact_ttft_us",
         "first",
         "k_total",
         "last",
@@ -57,6 +56,7 @@ class StreamMeasure:
         "sent_ns",
         "slo",
         "t0",
+        "t0_wall_ns",
         "t_intended",
         "usage_in",
         "usage_out",
@@ -70,7 +70,7 @@ class StreamMeasure:
         *,
         t_intended: float | None = None,
         slo: Slo | None = None,
-        exact_ttft_us: float | None = None,
+        t0_wall_ns: int | None = None,
         cancel_after_tokens: int | None = None,
     ) -> None:
         self.rec = rec
@@ -79,7 +79,8 @@ class StreamMeasure:
         self.t_intended = t_intended
         self.prompt_words = prompt_words
         self.slo = slo
-        self.exact_ttft_us = exact_ttft_us  # calibration: the server's exact TTFT
+        # calibration: the wall-clock send time, to compare with the server's send stamps
+        self.t0_wall_ns = t0_wall_ns
         self.parser = SseParser()
         self.first = self.last = 0.0
         self.k_total = 0  # tokens so far (continuous usage, else one per text chunk)
@@ -134,8 +135,10 @@ class StreamMeasure:
             rec.ttft.append(ttft)
             if self.t_intended is not None:
                 rec.ttft_co.append((now - self.t_intended) * US)
-            if self.exact_ttft_us is not None:
-                rec.ttft_err.append(abs(ttft - self.exact_ttft_us))
+            sent = chunk.tokentop_sent_ns
+            if self.t0_wall_ns is not None and sent is not None:
+                # truth: the server wrote it (sent − t0) after we sent; the rest is our error
+                rec.ttft_err.append(abs(ttft - (sent - self.t0_wall_ns) / 1e3))
         else:
             gap = (now - self.last) * US
             rec.icl.append(gap)

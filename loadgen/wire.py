@@ -47,7 +47,7 @@ class Configure(msgspec.Struct, tag="configure", kw_only=True):
     slo: Slo | None = None
     cancelling: Cancelling = Cancelling()
     max_requests: int | None = None  # this worker's share of a request-count limit
-    exact_ttft_us: float | None = None  # calibration against the exact-timing simulator
+    calibrate: bool = False  # measure timing error against the exact-timing simulator
 
 
 class SetLoad(msgspec.Struct, tag="set_load"):

@@ -168,7 +168,7 @@ def make_client(cfg: wire.Configure, url: str, rec: IntervalRecorder, api_key: s
         return OpenAIClient(url, rec, api_key=api_key, timeout=cfg.request_timeout, slo=cfg.slo)
     return StreamingClient(
         url, rec, api_key=api_key, timeout=cfg.request_timeout, slo=cfg.slo,
-        exact_ttft_us=cfg.exact_ttft_us,
+        calibrate=cfg.calibrate,
     )
 
 

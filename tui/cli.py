@@ -16,7 +16,7 @@ from pathlib import Path
 
 from loadgen import __version__
 
-SUBCOMMANDS = ("run", "sim")
+SUBCOMMANDS = ("run", "sim", "calibrate")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -181,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] == "sim":
             return _sim(argv[1:])
+        if argv and argv[0] == "calibrate":
+            return _calibrate(argv[1:])
         if argv and argv[0] == "run":
             args = run_parser().parse_args(argv[1:])
             if args.headless:
@@ -211,6 +213,17 @@ def _console(args: argparse.Namespace) -> int:
     app = TokentopApp(source, theme=args.theme, refresh=args.refresh)
     app.run()
     return app.return_code or 0
+
+
+def _calibrate(argv: list[str]) -> int:
+    from loadgen import eventloop
+    from loadgen.calibrate import add_calibrate_arguments, calibrate_main
+
+    p = _Parser(prog="tokentop calibrate",
+                description="Measure tokentop's own timing error on this machine.")
+    add_calibrate_arguments(p)
+    args = p.parse_args(argv)
+    return eventloop.run(lambda: calibrate_main(args))
 
 
 def _sim(argv: list[str]) -> int:
