@@ -34,6 +34,7 @@ from loadgen.snapshot import (
     Event,
     GpuStatus,
     LoadState,
+    ProcessSample,
     ServerMetrics,
     Snapshot,
     Target,
@@ -41,6 +42,7 @@ from loadgen.snapshot import (
 from loadgen.worker_pool import WorkerPool
 from probes.gpu import GpuProbe
 from probes.host import HostProbe
+from probes.process import ProcessProbe, local_port
 from probes.server_metrics import ServerMetricsProbe, metrics_url_for
 
 log = logging.getLogger("tokentop.coordinator")
@@ -90,6 +92,7 @@ class Coordinator:
         self._drain: asyncio.Task | None = None
         self._server: ServerMetrics | None = None
         self._gpu = GpuStatus(message="GPU probe not started yet")
+        self._process: ProcessSample | None = None
         self._probe_task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
         self._last_error_event: dict[str, float] = {}
@@ -129,6 +132,7 @@ class Coordinator:
         self.server_probe = ServerMetricsProbe(
             cfg.metrics_url or metrics_url_for(base), self._session, bearer_token=self.api_key
         )
+        self.process_probe = self._process_probe(base)
         await self._sample_probes()
         self._probe_task = asyncio.create_task(self._probe_loop())
         await self._start_workers(base, model)
@@ -139,6 +143,14 @@ class Coordinator:
         workload = self.parsed.workload(cfg, model)
         self._event("run", f"run started: {self._load_text()}; {workload.describe()}; "
                     f"model {model}")
+
+    def _process_probe(self, base: str) -> ProcessProbe:
+        """The server's process: the embedded simulator's, or by --server-pid, the local
+        port of the URL, or --server-name."""
+        cfg = self.cfg
+        if self.sim is not None and self.sim.proc is not None:
+            return ProcessProbe(pid=self.sim.proc.pid)
+        return ProcessProbe(pid=cfg.server_pid, port=local_port(base), name=cfg.server_name)
 
     async def _start_workers(self, base: str, model: str) -> None:
         cfg = self.cfg
@@ -345,6 +357,7 @@ class Coordinator:
             server=self._server,
             gpu=self._gpu,
             host=self.host.sample(),
+            process=self._process,
             client=ClientSample(
                 workers=self.pool.alive,
                 cpu_pct=sum(cpu) if reports else None,
@@ -426,7 +439,13 @@ class Coordinator:
                 log.exception("probe failed")
 
     async def _sample_probes(self) -> None:
-        server, gpu = await asyncio.gather(self.server_probe.sample(), self.gpu.sample())
+        server, gpu, process = await asyncio.gather(
+            self.server_probe.sample(), self.gpu.sample(),
+            asyncio.to_thread(self.process_probe.sample),
+        )
+        self._process = process
+        self.gpu.set_server_pids(self.process_probe.pids())
+        self._events += self.gpu.drain_events() + self.process_probe.drain_events()
         previous = self._server
         was_ok = previous.ok if previous is not None else True
         if was_ok != server.ok:

@@ -31,6 +31,8 @@ class RunConfig(msgspec.Struct, kw_only=True):
     model: str | None = None  # None: the server's first model
     api: str = "chat"  # chat | completions
     metrics_url: str | None = None
+    server_pid: int | None = None  # the server's process, when it cannot be found by port
+    server_name: str | None = None
     client: str = "raw"  # raw (fast, httptools) | openai (the official SDK)
     # load
     mode: str = "closed"  # closed | open
@@ -63,6 +65,13 @@ class RunConfig(msgspec.Struct, kw_only=True):
     sim_args: list[str] = msgspec.field(default_factory=list)
     seed: int = 0
     calibrate: bool = False  # timing error against the exact-timing simulator's stamps
+
+    # recording (loadgen.recorder): the run directory (None: the default under
+    # $XDG_DATA_HOME/tokentop/runs), what to do when it cannot be written (stop | continue),
+    # and the run directory to continue (--resume)
+    out: str | None = None
+    on_disk_full: str = "stop"
+    resume: str | None = None
 
     def parsed(self) -> Parsed:
         return _parse(self)
@@ -174,7 +183,10 @@ class Slos(msgspec.Struct, frozen=True):
 
 _LATENCIES = ("ttft", "itl", "tpot", "e2e")
 _STATS = ("p50", "p90", "p99", "p99.9", "max", "mean")
-_SLO_PART = re.compile(r"^\s*([a-z_]+?)(?:_(p50|p90|p99|p99\.9|max|mean))?\s*(<=|<|>=|>|=)\s*(.+)$")
+_SLO_PART = re.compile(
+    r"^\s*([a-z0-9_]+?)(?:_(" + "|".join(re.escape(s) for s in _STATS) + r"))?"
+    r"\s*(<=|<|>=|>|=)\s*(.+)$"
+)
 
 
 def parse_slos(text: str | None) -> Slos:

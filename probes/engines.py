@@ -38,14 +38,33 @@ class Pick:
 
 
 @dataclass(frozen=True)
+class Hist:
+    """A latency histogram: the first of `names` (without `_bucket`) present wins."""
+
+    names: tuple[str, ...]
+    to_ms: float = 1000.0  # bucket bounds are in seconds unless the engine says otherwise
+
+
+# The common latency keys, as in ServerMetrics.latency_ms.
+LATENCY_KEYS = ("ttft", "itl", "e2e", "queue")
+
+
+@dataclass(frozen=True)
 class Engine:
     name: str
     prefixes: tuple[str, ...]  # a sample name starting with one of these identifies the engine
     picks: dict[str, Pick]
+    # latency key (LATENCY_KEYS) -> the server's own histogram of it
+    histograms: dict[str, Hist] = field(default_factory=dict)
 
 
 def _one(name: str, **kw: object) -> Pick:
     return Pick(names=(name,), **kw)  # type: ignore[arg-type]
+
+
+def _trt(name: str, **kw: object) -> Pick:
+    """trtllm-serve's name; Dynamo re-exports the same metrics as `trtllm:`."""
+    return Pick(names=(f"trtllm_{name}", f"trtllm:{name}"), **kw)  # type: ignore[arg-type]
 
 
 # Checked in this order: trtllm-serve's `trtllm_` must not be mistaken for Triton's
@@ -64,6 +83,13 @@ ENGINES: tuple[Engine, ...] = (
             "generation_tokens_total": _one("vllm:generation_tokens_total"),
             "preemptions_total": _one("vllm:num_preemptions_total"),
         },
+        {
+            "ttft": Hist(("vllm:time_to_first_token_seconds",)),
+            # renamed in vLLM V1; the old name measured the same per-token gap
+            "itl": Hist(("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")),
+            "e2e": Hist(("vllm:e2e_request_latency_seconds",)),
+            "queue": Hist(("vllm:request_queue_time_seconds",)),
+        },
     ),
     Engine(
         "sglang",
@@ -75,6 +101,14 @@ ENGINES: tuple[Engine, ...] = (
             "prompt_tokens_total": _one("sglang:prompt_tokens_total"),
             "generation_tokens_total": _one("sglang:generation_tokens_total"),
         },
+        {
+            "ttft": Hist(("sglang:time_to_first_token_seconds",)),
+            "itl": Hist(
+                ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds")
+            ),
+            "e2e": Hist(("sglang:e2e_request_latency_seconds",)),
+            "queue": Hist(("sglang:queue_time_seconds",)),
+        },
     ),
     Engine(
         "tgi",
@@ -82,8 +116,16 @@ ENGINES: tuple[Engine, ...] = (
         {
             "waiting": _one("tgi_queue_size"),
             "running": _one("tgi_batch_current_size"),
-            # A histogram of tokens per request: its _sum is all tokens generated.
+            # Histograms of tokens per request: their _sum is all tokens seen.
+            "prompt_tokens_total": _one("tgi_request_input_length_sum"),
             "generation_tokens_total": _one("tgi_request_generated_tokens_sum"),
+        },
+        {
+            # TGI has no TTFT histogram. Its per-token figure is each request's mean
+            # time per token, the nearest it has to ITL.
+            "itl": Hist(("tgi_request_mean_time_per_token_duration",)),
+            "e2e": Hist(("tgi_request_duration",)),
+            "queue": Hist(("tgi_request_queue_duration",)),
         },
     ),
     Engine(
@@ -98,15 +140,39 @@ ENGINES: tuple[Engine, ...] = (
                 how="mean",
             ),
         },
+        {
+            # Triton's histogram metrics (--metrics-config histogram_latencies=true), in ms.
+            "ttft": Hist(("nv_inference_first_response_histogram_ms",), to_ms=1.0),
+        },
     ),
     Engine(
         "trtllm",
-        ("trtllm_",),
+        ("trtllm_", "trtllm:"),
         {
-            "waiting": _one("trtllm_num_requests_waiting"),
-            "running": _one("trtllm_num_requests_running"),
-            "kv_cache_usage": _one("trtllm_kv_cache_utilization", how="mean"),
-            "generation_tokens_total": _one("trtllm_generation_tokens_total"),
+            "waiting": _trt("num_requests_waiting"),
+            "running": _trt("num_requests_running"),
+            "kv_cache_usage": _trt("kv_cache_utilization", how="mean"),
+            "prompt_tokens_total": _trt("prompt_tokens_total"),
+            "generation_tokens_total": _trt("generation_tokens_total"),
+        },
+        {
+            "ttft": Hist(
+                ("trtllm_time_to_first_token_seconds", "trtllm:time_to_first_token_seconds")
+            ),
+            "itl": Hist(
+                (
+                    "trtllm_inter_token_latency_seconds",
+                    "trtllm:inter_token_latency_seconds",
+                    "trtllm_time_per_output_token_seconds",
+                    "trtllm:time_per_output_token_seconds",
+                )
+            ),
+            "e2e": Hist(
+                ("trtllm_e2e_request_latency_seconds", "trtllm:e2e_request_latency_seconds")
+            ),
+            "queue": Hist(
+                ("trtllm_request_queue_time_seconds", "trtllm:request_queue_time_seconds")
+            ),
         },
     ),
     Engine(
@@ -129,6 +195,46 @@ def detect_engine(sample_names: Iterable[str]) -> Engine | None:
         if any(n.startswith(engine.prefixes) for n in names):
             return engine
     return None
+
+
+def collect_histograms(
+    engine: Engine, samples: list[Sample]
+) -> dict[str, list[tuple[float, float]]]:
+    """Each latency key's cumulative buckets [(upper bound in ms, count)], summed over label sets.
+
+    Label sets (several engines of a data-parallel server, several models) add up
+    bucket by bucket; the result is sorted by bound and ends with +Inf.
+    """
+    wanted: dict[str, tuple[str, float]] = {}  # sample name -> (key, to_ms), first name wins
+    for key, hist in engine.histograms.items():
+        for name in hist.names:
+            wanted.setdefault(name + "_bucket", (key, hist.to_ms))
+    found: dict[str, dict[str, dict[float, float]]] = {}  # key -> sample name -> le -> count
+    for s in samples:
+        hit = wanted.get(s.name)
+        if hit is None:
+            continue
+        le = s.labels.get("le")
+        if le is None:
+            continue
+        try:
+            bound = float(le)
+        except ValueError:
+            continue
+        by_le = found.setdefault(hit[0], {}).setdefault(s.name, {})
+        by_le[bound] = by_le.get(bound, 0.0) + float(s.value)
+    out: dict[str, list[tuple[float, float]]] = {}
+    for key, hist in engine.histograms.items():
+        per_name = found.get(key)
+        if not per_name:
+            continue
+        # the first of the histogram's names that is present
+        name = next(n + "_bucket" for n in hist.names if n + "_bucket" in per_name)
+        buckets = sorted(per_name[name].items())
+        if not buckets or buckets[-1][0] != float("inf"):
+            continue  # not a whole histogram
+        out[key] = [(le * hist.to_ms if le != float("inf") else le, n) for le, n in buckets]
+    return out
 
 
 def map_fields(engine: Engine, samples: list[Sample]) -> dict[str, float | None]:

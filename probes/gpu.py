@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 import aiohttp
 
-from loadgen.snapshot import GpuStatus
+from loadgen.snapshot import Event, GpuStatus
 from probes.nvml import NvmlProbe
 from probes.sim_gpu import SimGpuProbe
 
@@ -57,6 +58,15 @@ class GpuProbe:
         if self._sim is not None:
             return await self._sim.sample()
         return GpuStatus(source="none", message=self._message)
+
+    def drain_events(self) -> list[Event]:
+        """GPU events since the last call (Xid errors, GPUs lost), oldest first; [] without NVML."""
+        return self._nvml.drain_events() if self._nvml is not None else []
+
+    def set_server_pids(self, pids: Iterable[int]) -> None:
+        """The server's pids (e.g. `ProcessProbe.pids()`): listed first among GPU processes."""
+        if self._nvml is not None:
+            self._nvml.set_server_pids(pids)
 
     def close(self) -> None:
         if self._nvml is not None:

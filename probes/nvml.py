@@ -7,8 +7,15 @@ supported is remembered per device and never asked for again. Nothing here
 raises to the caller and nothing prints; each (device, metric) problem is
 logged at most once.
 
-`NvmlProbe.sample()` blocks in the driver (a few ms, far more on a sick GPU),
-so callers run it in a worker thread (see `probes.gpu`).
+Slow or rarely changing calls (process lists, ECC counts, the power limit, the
+MIG layout) are read every `SLOW_PERIOD_S` and cached in between. A GPU that
+stops answering is flagged `lost` and becomes one event; Xid critical errors
+arrive through an NVML event set read in its own thread (`probes.nvml_events`).
+Both are collected by `drain_events()`.
+
+`NvmlProbe.sample()` blocks in the driver (a few ms, far more on a sick GPU;
+`nvmlDeviceGetPcieThroughput` samples its counter over ~20 ms), so callers run
+it in a worker thread (see `probes.gpu`). `GpuStatus.poll_ms` is its cost.
 """
 
 from __future__ import annotations
@@ -16,12 +23,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from loadgen.snapshot import GpuSample, GpuStatus
+import psutil
+
+from loadgen.snapshot import Event, GpuProcess, GpuSample, GpuStatus
+from probes.throttle import decode_throttle_reasons
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +52,13 @@ _LOST = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired", "NVMLError_GpuNotFoun
 # rather than every poll.
 RETRY_AFTER_S = 30.0
 
+# Slow or rarely changing calls (process lists, ECC counts, power limit, MIG layout)
+# are read at most this often and cached in between.
+SLOW_PERIOD_S = 5.0
+
+# Most events kept for drain_events() when nobody drains (oldest dropped first).
+MAX_QUEUED_EVENTS = 1000
+
 
 class _GpuLost(Exception):
     def __init__(self, reason: str) -> None:
@@ -57,21 +75,33 @@ class _Device:
     retry_at: dict[str, float] = field(default_factory=dict)
     logged: set[str] = field(default_factory=set)
     memory_v2: bool = True
+    clock_events_api: bool = True  # nvmlDeviceGetCurrentClocksEventReasons (newer name)
     lost: str | None = None
+    uuid: str | None = None
+    slow_due: float = 0.0  # monotonic time of the next slow read
+    slow: dict[str, Any] = field(default_factory=dict)  # cached slow values
 
 
 class NvmlProbe:
     """Polls every NVIDIA GPU on this host. Never raises; see `available`/`message`."""
 
-    def __init__(self, module: ModuleType | None = None) -> None:
+    def __init__(self, module: ModuleType | None = None, *, watch_events: bool = True) -> None:
         self.available = False
         self.message: str | None = None
+        self.driver: str | None = None
         self._nvml: ModuleType | None = None
         self._devices: list[_Device] = []
         # sample() runs in worker threads; one poll at a time, and close() must
         # not shut NVML down under a poll in progress.
         self._lock = threading.Lock()
+        # Events (Xid, lost GPUs) from the poll and the event thread, for drain_events().
+        self._events: deque[Event] = deque(maxlen=MAX_QUEUED_EVENTS)
+        self._events_lock = threading.Lock()
+        self._server_pids: frozenset[int] = frozenset()
+        self._watcher: Any = None
         self._open(module)
+        if self.available and watch_events:
+            self._start_watcher()
 
     # -- setup -------------------------------------------------------------
 
@@ -96,8 +126,21 @@ class NvmlProbe:
             self.message = "NVML found no NVIDIA GPUs"
             self.close()
             return
+        try:
+            self.driver = _text(nvml.nvmlSystemGetDriverVersion())
+        except Exception as exc:
+            log.debug("NVML driver version not available: %s", _words(exc))
         self._devices = [self._open_device(i) for i in range(count)]
         self.available = True
+
+    def _start_watcher(self) -> None:
+        from probes.nvml_events import NvmlEventWatcher
+
+        devices = [(d.index, d.name, d.handle) for d in self._devices if d.handle is not None]
+        assert self._nvml is not None
+        watcher = NvmlEventWatcher(self._nvml, devices, self._push_event)
+        if watcher.start():
+            self._watcher = watcher
 
     def _open_device(self, index: int) -> _Device:
         nvml = self._nvml
@@ -113,7 +156,29 @@ class NvmlProbe:
         except Exception as exc:
             log.debug("GPU %d: name not available: %s", index, _words(exc))
             name = f"GPU {index}"
-        return _Device(index=index, handle=handle, name=name)
+        try:
+            uuid: str | None = _text(nvml.nvmlDeviceGetUUID(handle))
+        except Exception as exc:
+            log.debug("GPU %d: UUID not available: %s", index, _words(exc))
+            uuid = None
+        return _Device(index=index, handle=handle, name=name, uuid=uuid)
+
+    # -- events and the server's processes ----------------------------------
+
+    def set_server_pids(self, pids: Iterable[int]) -> None:
+        """The inference server's pids (process and children): listed first in `processes`."""
+        self._server_pids = frozenset(int(p) for p in pids)
+
+    def drain_events(self) -> list[Event]:
+        """Events since the last call (Xid errors, GPUs lost), oldest first; thread-safe."""
+        with self._events_lock:
+            events = list(self._events)
+            self._events.clear()
+        return events
+
+    def _push_event(self, event: Event) -> None:
+        with self._events_lock:
+            self._events.append(event)
 
     # -- polling -----------------------------------------------------------
 
@@ -129,19 +194,37 @@ class NvmlProbe:
             message="; ".join(lost) or None,
             gpus=gpus,
             poll_ms=(time.perf_counter() - start) * 1000.0,
+            driver=self.driver,
+        )
+
+    def _lost_sample(self, dev: _Device) -> GpuSample:
+        return GpuSample(
+            index=dev.index,
+            name=dev.name,
+            uuid=dev.uuid,
+            lost=True,
+            message=f"GPU lost: {dev.lost}",
         )
 
     def _sample_device(self, dev: _Device) -> GpuSample:
-        sample = GpuSample(index=dev.index, name=dev.name)
         if dev.lost is not None:
-            return sample
+            return self._lost_sample(dev)
+        sample = GpuSample(index=dev.index, name=dev.name, uuid=dev.uuid)
         try:
             self._fill(dev, sample)
         except _GpuLost as lost:
             dev.lost = lost.reason
             log.warning("GPU %d (%s) is lost: %s", dev.index, dev.name, lost.reason)
+            self._push_event(
+                Event(
+                    t=time.time(),
+                    kind="gpu",
+                    level="error",
+                    message=f"GPU {dev.index} ({dev.name}) lost: {lost.reason}",
+                )
+            )
             # Values read before the loss in this poll are not trusted either.
-            return GpuSample(index=dev.index, name=dev.name)
+            return self._lost_sample(dev)
         return sample
 
     def _fill(self, dev: _Device, s: GpuSample) -> None:
@@ -156,14 +239,139 @@ class NvmlProbe:
             s.utilization_pct = float(util.gpu)
         power = self._read(dev, "power", lambda: nvml.nvmlDeviceGetPowerUsage(h))
         s.power_w = None if power is None else power / 1000.0  # mW
-        limit = self._read(dev, "power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h))
-        s.power_limit_w = None if limit is None else limit / 1000.0  # mW
         temp = self._read(
             dev, "temperature", lambda: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)
         )
         s.temperature_c = None if temp is None else float(temp)
         energy = self._read(dev, "energy", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(h))
         s.energy_j = None if energy is None else energy / 1000.0  # mJ
+        sm = self._read(dev, "sm_clock", lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
+        s.sm_clock_mhz = None if sm is None else float(sm)
+        mem = self._read(
+            dev, "mem_clock", lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM)
+        )
+        s.mem_clock_mhz = None if mem is None else float(mem)
+        bits = self._read(dev, "throttle", lambda: self._clock_events(dev))
+        s.throttle_reasons = None if bits is None else decode_throttle_reasons(int(bits))
+        # KB/s over NVML's own short sampling window.
+        tx = self._read(
+            dev, "pcie", lambda: nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_TX_BYTES)
+        )
+        rx = None
+        if tx is not None:
+            rx = self._read(
+                dev,
+                "pcie",
+                lambda: nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_RX_BYTES),
+            )
+        s.pcie_tx_kbs = None if tx is None or rx is None else float(tx)
+        s.pcie_rx_kbs = None if tx is None or rx is None else float(rx)
+        self._fill_slow(dev, s)
+
+    def _fill_slow(self, dev: _Device, s: GpuSample) -> None:
+        """Power limit, ECC counts, processes and MIG layout: every SLOW_PERIOD_S, cached."""
+        nvml = self._nvml
+        assert nvml is not None
+        h = dev.handle
+        now = time.monotonic()
+        if now >= dev.slow_due:
+            dev.slow_due = now + SLOW_PERIOD_S
+            c = dev.slow
+            c["power_limit"] = self._read(
+                dev, "power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h)
+            )
+            c["ecc_corrected"] = self._read(dev, "ecc", lambda: self._ecc(dev, corrected=True))
+            c["ecc_uncorrected"] = (
+                None
+                if c["ecc_corrected"] is None
+                else self._read(dev, "ecc", lambda: self._ecc(dev, corrected=False))
+            )
+            c["processes"] = self._processes(dev)
+            c["mig"] = self._read(dev, "mig", lambda: self._mig(dev))
+        c = dev.slow
+        limit = c.get("power_limit")
+        s.power_limit_w = None if limit is None else limit / 1000.0  # mW
+        s.ecc_corrected = c.get("ecc_corrected")
+        s.ecc_uncorrected = c.get("ecc_uncorrected")
+        procs = c.get("processes")
+        if procs is not None:
+            server = self._server_pids
+            # The server's processes first, then the biggest users.
+            procs = sorted(procs, key=lambda p: (p.pid not in server, -(p.used_bytes or 0)))
+            s.processes = [
+                GpuProcess(pid=p.pid, name=p.name, used_bytes=p.used_bytes) for p in procs
+            ]
+        s.mig = c.get("mig")
+
+    def _clock_events(self, dev: _Device) -> int:
+        """Clock-event reason bits; the older 'throttle' call where the new one is missing."""
+        nvml = self._nvml
+        assert nvml is not None
+        new = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if dev.clock_events_api and new is not None:
+            try:
+                return int(new(dev.handle))
+            except Exception as exc:
+                if self._is(exc, _LOST) or not self._is(exc, ("NVMLError_FunctionNotFound",)):
+                    raise
+                dev.clock_events_api = False  # an older driver: the old name from now on
+        return int(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(dev.handle))
+
+    def _ecc(self, dev: _Device, *, corrected: bool) -> int:
+        nvml = self._nvml
+        assert nvml is not None
+        kind = (
+            nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+            if corrected
+            else nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        )
+        return int(nvml.nvmlDeviceGetTotalEccErrors(dev.handle, kind, nvml.NVML_VOLATILE_ECC))
+
+    def _processes(self, dev: _Device) -> list[GpuProcess] | None:
+        """Compute and graphics processes on this GPU, with used memory; None if unsupported."""
+        nvml = self._nvml
+        assert nvml is not None
+        h = dev.handle
+        compute = self._read(
+            dev, "compute_processes", lambda: nvml.nvmlDeviceGetComputeRunningProcesses(h)
+        )
+        graphics = self._read(
+            dev, "graphics_processes", lambda: nvml.nvmlDeviceGetGraphicsRunningProcesses(h)
+        )
+        if compute is None and graphics is None:
+            return None
+        used: dict[int, int | None] = {}
+        for info in [*(compute or ()), *(graphics or ())]:
+            pid = int(info.pid)
+            mem = getattr(info, "usedGpuMemory", None)
+            mem = None if mem is None else int(mem)
+            old = used.get(pid)
+            # A process in both lists (or in several MIG instances): keep the larger figure.
+            used[pid] = mem if old is None else max(old, mem or 0)
+        return [
+            GpuProcess(pid=pid, name=_process_name(pid), used_bytes=mem)
+            for pid, mem in used.items()
+        ]
+
+    def _mig(self, dev: _Device) -> list[str] | None:
+        """MIG devices as "name (UUID)", or None where MIG is off or not supported."""
+        nvml = self._nvml
+        assert nvml is not None
+        current, _pending = nvml.nvmlDeviceGetMigMode(dev.handle)
+        if current != getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
+            return None
+        out: list[str] = []
+        for i in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(dev.handle))):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(dev.handle, i)
+            except Exception as exc:
+                if self._is(exc, _LOST):
+                    raise
+                continue  # an empty slot answers NotFound
+            name = _quiet(lambda m=mig: _text(nvml.nvmlDeviceGetName(m))) or f"MIG {i}"
+            uuid = _quiet(lambda m=mig: _text(nvml.nvmlDeviceGetUUID(m)))
+            out.append(f"{name} ({uuid})" if uuid else name)
+        return out
 
     def _memory(self, dev: _Device) -> tuple[int, int]:
         """Used/total bytes; v2 where the driver has it, since v1 counts reserved memory as used."""
@@ -227,6 +435,9 @@ class NvmlProbe:
     # -- teardown ----------------------------------------------------------
 
     def close(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.stop()  # before nvmlShutdown: the thread is inside nvmlEventSetWait
         with self._lock:
             nvml, self._nvml = self._nvml, None
             self._devices = []
@@ -266,6 +477,21 @@ def describe_init_error(nvml: ModuleType, exc: BaseException) -> str:
             "(reload the kernel module or reboot)"
         )
     return f"NVML init failed: {_words(exc)}"
+
+
+def _process_name(pid: int) -> str | None:
+    """A GPU process's name; None when it is gone or in another pid namespace."""
+    try:
+        return psutil.Process(pid).name()
+    except (psutil.Error, OSError):
+        return None
+
+
+def _quiet(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except Exception:
+        return None
 
 
 def _words(exc: BaseException) -> str:

@@ -1,18 +1,34 @@
-"""Scrape an inference server's Prometheus /metrics and map it to `ServerMetrics`."""
+"""Scrape an inference server's Prometheus /metrics and map it to `ServerMetrics`.
+
+One page gives the gauges and totals (`parse_metrics`). Two pages give rates
+and the server's own latency quantiles over the interval between them
+(`MetricsTracker`, which `ServerMetricsProbe` keeps): token rates from the
+counters' differences, quantiles from the differences of histogram buckets,
+interpolated inside a bucket as Prometheus' `histogram_quantile` does. A
+counter that goes down means the server restarted: it is counted in
+`restarts`, and that interval has no rates and no quantiles (never negative).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 import time
+from dataclasses import dataclass, field
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.snapshot import ServerMetrics
-from probes.engines import detect_engine, map_fields
+from probes.engines import collect_histograms, detect_engine, map_fields
 
 TIMEOUT_S = 2.0
+
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+GENERIC_MAX = 20  # gauges shown for an engine we do not know
+# Standard client-library gauges: shown for an unknown engine only if room is left.
+_BORING = ("python_", "process_", "go_", "promhttp_")
 
 
 def server_root(url: str) -> str:
@@ -28,16 +44,153 @@ def metrics_url_for(base_url: str) -> str:
     return server_root(base_url) + "/metrics"
 
 
-def parse_metrics(text: str, url: str) -> ServerMetrics:
-    """Map one /metrics page to ServerMetrics; text that is not Prometheus gives ok=False."""
+Buckets = list[tuple[float, float]]  # cumulative (upper bound in ms, count), ends with +Inf
+
+
+@dataclass
+class Page:
+    """One parsed /metrics page: the mapped view and the raw latency histograms."""
+
+    metrics: ServerMetrics
+    histograms: dict[str, Buckets] = field(default_factory=dict)
+
+
+def parse_page(text: str, url: str) -> Page:
+    """Map one /metrics page; text that is not Prometheus gives metrics.ok=False."""
     try:
-        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+        families = list(text_string_to_metric_families(text))
     except Exception as exc:  # the parser raises ValueError and friends on non-metrics text
-        return ServerMetrics(url=url, ok=False, error=f"not Prometheus text: {_first_line(exc)}")
+        return Page(
+            ServerMetrics(url=url, ok=False, error=f"not Prometheus text: {_first_line(exc)}")
+        )
+    samples = [s for family in families for s in family.samples]
     engine = detect_engine(s.name for s in samples)
     if engine is None:
-        return ServerMetrics(url=url, ok=True, engine="unknown")
-    return ServerMetrics(url=url, ok=True, engine=engine.name, **map_fields(engine, samples))
+        return Page(ServerMetrics(url=url, ok=True, engine="unknown", generic=_generic(families)))
+    metrics = ServerMetrics(url=url, ok=True, engine=engine.name, **map_fields(engine, samples))
+    return Page(metrics, collect_histograms(engine, samples))
+
+
+def parse_metrics(text: str, url: str) -> ServerMetrics:
+    """Map one /metrics page to ServerMetrics (no rates: those need two pages)."""
+    return parse_page(text, url).metrics
+
+
+def _generic(families: list) -> dict[str, float]:
+    """Up to GENERIC_MAX gauges by name (labels shown when there are several series)."""
+    picked: list[tuple[bool, str, float]] = []
+    for family in families:
+        if family.type not in ("gauge", "unknown"):
+            continue
+        several = len(family.samples) > 1
+        for s in family.samples:
+            key = s.name
+            if several and s.labels:
+                key += "{" + ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items())) + "}"
+            if math.isfinite(s.value):
+                picked.append((s.name.startswith(_BORING), key, float(s.value)))
+    picked.sort(key=lambda p: p[0])  # stable: page order within each group
+    return {key: value for _, key, value in picked[:GENERIC_MAX]}
+
+
+def histogram_quantile(q: float, buckets: Buckets) -> float | None:
+    """The q-quantile of cumulative buckets, as Prometheus' histogram_quantile computes it.
+
+    Linear interpolation inside the bucket that holds the rank; the lowest bucket
+    starts at 0; a rank in the +Inf bucket gives the highest finite bound.
+    None when there are no observations.
+    """
+    if len(buckets) < 1 or buckets[-1][0] != math.inf:
+        return None
+    # Counts must not decrease with the bound (float sums can wobble): as Prometheus does.
+    fixed: Buckets = []
+    top = 0.0
+    for le, n in buckets:
+        top = max(top, n)
+        fixed.append((le, top))
+    total = fixed[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    # the first bucket that holds the rank (the +Inf one holds every rank)
+    i = next(i for i, (_, n) in enumerate(fixed) if n >= rank)
+    le, n = fixed[i]
+    if le == math.inf:
+        return fixed[-2][0] if len(fixed) >= 2 else None
+    if i == 0:
+        if le <= 0:
+            return le
+        lower, below = 0.0, 0.0
+    else:
+        lower, below = fixed[i - 1]
+    return lower + (le - lower) * (rank - below) / (n - below)
+
+
+def bucket_delta(before: Buckets, after: Buckets) -> Buckets | None:
+    """after - before bucket by bucket; None when the layouts differ or a count went down."""
+    if [le for le, _ in before] != [le for le, _ in after]:
+        return None
+    out: Buckets = []
+    for (le, a), (_, b) in zip(before, after, strict=True):
+        if b < a:
+            return None
+        out.append((le, b - a))
+    return out
+
+
+class MetricsTracker:
+    """Keeps the previous page to turn counters into rates and buckets into quantiles."""
+
+    def __init__(self) -> None:
+        self.restarts = 0
+        self._prev: tuple[float, Page] | None = None
+
+    def feed(self, text: str, url: str, t: float) -> ServerMetrics:
+        """Parse a page scraped at monotonic time `t` and fill its rates and quantiles."""
+        return self.update(parse_page(text, url), t)
+
+    def update(self, page: Page, t: float) -> ServerMetrics:
+        m = page.metrics
+        if not m.ok:
+            m.restarts = self.restarts
+            return m  # keep the last good page: the next good one is compared with it
+        prev, self._prev = self._prev, (t, page)
+        if prev is not None and prev[1].metrics.engine == m.engine and t > prev[0]:
+            self._compare(prev[1], page, t - prev[0])
+        m.restarts = self.restarts
+        return m
+
+    def _compare(self, before: Page, after: Page, dt: float) -> None:
+        a, b = before.metrics, after.metrics
+        counters = ("prompt_tokens_total", "generation_tokens_total", "preemptions_total")
+        reset = any(_went_down(getattr(a, c), getattr(b, c)) for c in counters)
+        for key, buckets in after.histograms.items():
+            old = before.histograms.get(key)
+            if old is not None and old[-1][1] > buckets[-1][1]:
+                reset = True  # fewer observations than before
+        if reset:
+            self.restarts += 1
+            return  # this interval straddles a restart: no rates, no quantiles
+        b.prompt_tok_s = _rate(a.prompt_tokens_total, b.prompt_tokens_total, dt)
+        b.generation_tok_s = _rate(a.generation_tokens_total, b.generation_tokens_total, dt)
+        for key, buckets in after.histograms.items():
+            old = before.histograms.get(key)
+            delta = None if old is None else bucket_delta(old, buckets)
+            if delta is None:
+                continue
+            quantiles = {name: histogram_quantile(q, delta) for name, q in QUANTILES.items()}
+            if all(v is not None for v in quantiles.values()):
+                b.latency_ms[key] = {k: round(v, 3) for k, v in quantiles.items() if v is not None}
+
+
+def _went_down(before: float | None, after: float | None) -> bool:
+    return before is not None and after is not None and after < before
+
+
+def _rate(before: float | None, after: float | None, dt: float) -> float | None:
+    if before is None or after is None or after < before or dt <= 0:
+        return None
+    return (after - before) / dt
 
 
 class ServerMetricsProbe:
@@ -46,6 +199,7 @@ class ServerMetricsProbe:
     ) -> None:
         self.url = metrics_url
         self._session = session
+        self.tracker = MetricsTracker()
         # Kept only in the header: never in errors, logs or the ServerMetrics.
         self._headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
 
@@ -54,12 +208,13 @@ class ServerMetricsProbe:
         try:
             text = await self._fetch()
         except _HttpStatus as exc:
-            result = ServerMetrics(url=self.url, ok=False, error=str(exc))
+            page = Page(ServerMetrics(url=self.url, ok=False, error=str(exc)))
         except Exception as exc:
-            result = ServerMetrics(url=self.url, ok=False, error=describe_error(exc))
+            page = Page(ServerMetrics(url=self.url, ok=False, error=describe_error(exc)))
         else:
             # Parsing a large page costs a few ms; still cheap enough per tick.
-            result = parse_metrics(text, self.url)
+            page = parse_page(text, self.url)
+        result = self.tracker.update(page, time.monotonic())
         result.scrape_ms = (time.perf_counter() - start) * 1000.0
         return result
 

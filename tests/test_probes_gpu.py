@@ -9,14 +9,18 @@ that cannot exist here) that raises pynvml's own error classes.
 from __future__ import annotations
 
 import logging
+import os
+import queue
 import sys
 import threading
+import time
 import types
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import psutil
 import pynvml
 import pytest
 from aiohttp import web
@@ -24,6 +28,7 @@ from aiohttp import web
 from probes import nvml as nvml_module
 from probes.gpu import GpuProbe
 from probes.nvml import NvmlProbe
+from probes.nvml_events import describe_xid
 from probes.sim_gpu import SimGpuProbe
 from probes.throttle import decode_throttle_reasons
 
@@ -423,3 +428,301 @@ def test_throttle_combined_and_unknown_bits() -> None:
         "unknown (0x200000000)",
         "unknown (0x10000000000)",
     ]
+
+
+# -- the newer fields: clocks, clock events, PCIe, ECC, processes, MIG ----------------
+
+NO_SUCH_PID = 2**22 + 12345  # above Linux's largest pid_max: never a live process
+
+
+class FakeNvmlFull(FakeNvml):
+    """GPU 0: an old consumer card (no ECC, no PCIe counters, no MIG, only the old
+    'throttle reasons' call). GPU 1: an H100 with everything, MIG on with two instances."""
+
+    NVMLError_NotFound = pynvml.NVMLError_NotFound
+    NVMLError_Timeout = pynvml.NVMLError_Timeout
+    NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
+    NVML_CLOCK_MEM = pynvml.NVML_CLOCK_MEM
+    NVML_PCIE_UTIL_TX_BYTES = pynvml.NVML_PCIE_UTIL_TX_BYTES
+    NVML_PCIE_UTIL_RX_BYTES = pynvml.NVML_PCIE_UTIL_RX_BYTES
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reasons = _bit("SwPowerCap") | _bit("HwThermalSlowdown")
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "550.54.15"
+
+    def nvmlDeviceGetName(self, handle: Any) -> bytes | str:
+        if isinstance(handle, str):  # a MIG device handle
+            return f"NVIDIA H100 80GB HBM3 MIG {handle}"
+        return super().nvmlDeviceGetName(handle)
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        if isinstance(handle, str):
+            return f"MIG-{handle}"
+        return f"GPU-0000000{handle}-aaaa-bbbb-cccc-dddddddddddd"
+
+    def nvmlDeviceGetClockInfo(self, handle: int, kind: int) -> int:
+        self._call("clock", handle)
+        return 1980 if kind == pynvml.NVML_CLOCK_SM else 2619
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: int) -> int:
+        self._call("clock_events", handle)
+        if handle == 0:
+            raise pynvml.NVMLError_FunctionNotFound()  # an older driver
+        return self.reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: int) -> int:
+        self._call("throttle_reasons", handle)
+        return _bit("GpuIdle")
+
+    def nvmlDeviceGetPcieThroughput(self, handle: int, counter: int) -> int:
+        self._call("pcie", handle)
+        if handle == 0:
+            raise pynvml.NVMLError_NotSupported()
+        return 1234 if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else 5678
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: int, kind: int, counter: int) -> int:
+        self._call("ecc", handle)
+        assert counter == pynvml.NVML_VOLATILE_ECC
+        if handle == 0:
+            raise pynvml.NVMLError_NotSupported()
+        return 3 if kind == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED else 0
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
+        self._call("compute_processes", handle)
+        if handle == 0:
+            return []
+        return [
+            types.SimpleNamespace(pid=NO_SUCH_PID, usedGpuMemory=None),  # another pid namespace
+            types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=2 * 2**30),
+        ]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[Any]:
+        self._call("graphics_processes", handle)
+        if handle == 1:
+            raise pynvml.NVMLError_NotSupported()
+        return [types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=100 * 2**20)]
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
+        self._call("mig", handle)
+        if handle == 0:
+            raise pynvml.NVMLError_NotSupported()
+        return [1, 1]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: int) -> int:
+        return 3
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: int, index: int) -> str:
+        if index == 1:
+            raise pynvml.NVMLError_NotFound()  # an empty slot
+        return f"{index + 1}g.10gb"
+
+
+def test_new_fields_filled_and_unsupported_ones_quiet() -> None:
+    fake = FakeNvmlFull()
+    probe = NvmlProbe(module=fake)
+    status = probe.sample()
+    assert status.driver == "550.54.15"
+    assert status.poll_ms is not None and status.poll_ms >= 0
+    old, new = status.gpus
+
+    assert old.uuid == "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd"
+    assert (old.sm_clock_mhz, old.mem_clock_mhz) == (1980.0, 2619.0)
+    assert old.throttle_reasons == ["idle"]  # through the older call
+    assert old.pcie_tx_kbs is None and old.pcie_rx_kbs is None
+    assert old.ecc_corrected is None and old.ecc_uncorrected is None
+    assert old.mig is None
+    assert old.processes is not None
+    (mine,) = old.processes
+    assert mine.pid == os.getpid() and mine.used_bytes == 100 * 2**20
+    assert mine.name == psutil.Process().name()
+
+    assert new.throttle_reasons == ["power cap", "thermal (hardware)"]
+    assert (new.pcie_tx_kbs, new.pcie_rx_kbs) == (1234.0, 5678.0)
+    assert (new.ecc_corrected, new.ecc_uncorrected) == (3, 0)
+    assert new.mig == [
+        "NVIDIA H100 80GB HBM3 MIG 1g.10gb (MIG-1g.10gb)",
+        "NVIDIA H100 80GB HBM3 MIG 3g.10gb (MIG-3g.10gb)",
+    ]
+    assert new.processes is not None
+    # biggest first; a pid psutil cannot see has no name and unknown memory
+    assert [(p.pid, p.used_bytes) for p in new.processes] == [
+        (os.getpid(), 2 * 2**30),
+        (NO_SUCH_PID, None),
+    ]
+    assert new.processes[1].name is None
+    assert not new.lost and new.message is None
+
+    for _ in range(3):
+        again = probe.sample()
+    assert again.gpus[0].throttle_reasons == ["idle"]
+    assert again.gpus[1].pcie_rx_kbs == 5678.0
+    # Not supported: asked once, never again; the old-name fallback is remembered.
+    assert fake.calls[("pcie", 0)] == 1
+    assert fake.calls[("ecc", 0)] == 1
+    assert fake.calls[("mig", 0)] == 1
+    assert fake.calls[("graphics_processes", 1)] == 1
+    assert fake.calls[("clock_events", 0)] == 1
+    assert fake.calls[("throttle_reasons", 0)] == 4
+    assert fake.calls[("clock_events", 1)] == 4
+    assert fake.calls[("pcie", 1)] == 8  # TX and RX every poll
+    probe.close()
+
+
+def test_slow_calls_are_cached_between_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvmlFull()
+    probe = NvmlProbe(module=fake)
+    for _ in range(4):
+        status = probe.sample()
+    # Cached values are still reported on every poll…
+    assert status.gpus[1].ecc_corrected == 3
+    assert status.gpus[1].power_limit_w == 700.0
+    assert status.gpus[1].processes is not None and len(status.gpus[1].processes) == 2
+    # …but read once within SLOW_PERIOD_S.
+    assert fake.calls[("ecc", 1)] == 2  # corrected + uncorrected
+    assert fake.calls[("compute_processes", 1)] == 1
+    assert fake.calls[("power_limit", 1)] == 1
+    assert fake.calls[("mig", 1)] == 1
+    assert fake.calls[("utilization", 1)] == 4  # fast metrics every poll
+
+    monkeypatch.setattr(nvml_module, "SLOW_PERIOD_S", 0.0)
+    for dev in probe._devices:
+        dev.slow_due = 0.0
+    probe.sample()
+    probe.sample()
+    assert fake.calls[("compute_processes", 1)] == 3
+    probe.close()
+
+
+def test_server_processes_listed_first() -> None:
+    fake = FakeNvmlFull()
+    probe = NvmlProbe(module=fake)
+    probe.set_server_pids([NO_SUCH_PID])
+    procs = probe.sample().gpus[1].processes
+    assert procs is not None
+    assert [p.pid for p in procs] == [NO_SUCH_PID, os.getpid()]
+    probe.close()
+
+
+def test_lost_gpu_is_flagged_and_becomes_an_event() -> None:
+    fake = FakeNvmlFull()
+    probe = NvmlProbe(module=fake)
+    probe.sample()
+    assert probe.drain_events() == []
+    fake.lost.add(1)
+    status = probe.sample()
+    lost = status.gpus[1]
+    assert lost.lost is True
+    assert lost.uuid is not None
+    assert lost.message is not None and "lost" in lost.message.lower()
+    assert lost.processes is None and lost.sm_clock_mhz is None
+    (event,) = probe.drain_events()
+    assert (event.kind, event.level) == ("gpu", "error")
+    assert event.message.startswith("GPU 1 (NVIDIA H100 80GB HBM3) lost")
+    probe.sample()
+    assert probe.drain_events() == []  # said once
+    probe.close()
+
+
+# -- Xid events -----------------------------------------------------------------------
+
+
+class FakeNvmlEvents(FakeNvmlFull):
+    """Adds an NVML event set: GPU 1 supports Xid events, GPU 0 none."""
+
+    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queue: queue.Queue[Any] = queue.Queue()
+        self.registered: list[tuple[int, int]] = []
+        self.freed = False
+        self.waits = 0
+
+    def nvmlEventSetCreate(self) -> object:
+        return object()
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: int) -> int:
+        return pynvml.nvmlEventTypeXidCriticalError if handle == 1 else 0
+
+    def nvmlDeviceRegisterEvents(self, handle: int, types_: int, event_set: object) -> None:
+        self.registered.append((handle, types_))
+
+    def nvmlEventSetWait(self, event_set: object, timeout_ms: int) -> Any:
+        self.waits += 1
+        try:
+            return self.queue.get(timeout=timeout_ms / 1000.0)
+        except queue.Empty:
+            raise pynvml.NVMLError_Timeout() from None
+
+    def nvmlEventSetFree(self, event_set: object) -> None:
+        self.freed = True
+
+    def deliver_xid(self, handle: int, xid: int) -> None:
+        self.queue.put(
+            types.SimpleNamespace(
+                device=handle, eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid
+            )
+        )
+
+
+def _wait_for_events(probe: NvmlProbe | GpuProbe, n: int, timeout_s: float = 5.0) -> list[Any]:
+    events: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while len(events) < n and time.monotonic() < deadline:
+        events += probe.drain_events()
+        time.sleep(0.01)
+    return events
+
+
+def test_xid_event_arrives_in_drain_events() -> None:
+    fake = FakeNvmlEvents()
+    probe = NvmlProbe(module=fake)
+    gpu = GpuProbe(nvml=probe)
+    assert fake.registered == [(1, pynvml.nvmlEventTypeXidCriticalError)]  # GPU 0: quietly not
+    before = time.time()
+    fake.deliver_xid(1, 79)
+    fake.deliver_xid(1, 4242)
+    events = _wait_for_events(gpu, 2)
+    assert [e.message for e in events] == [
+        "GPU 1 (NVIDIA H100 80GB HBM3): Xid 79 (GPU has fallen off the bus)",
+        "GPU 1 (NVIDIA H100 80GB HBM3): Xid 4242",
+    ]
+    assert all(e.kind == "gpu" and e.level == "error" and e.t >= before for e in events)
+    assert gpu.drain_events() == []
+
+    t0 = time.monotonic()
+    gpu.close()
+    assert time.monotonic() - t0 < 3.0  # the waiting thread stops within its timeout
+    assert fake.freed and fake.shut_down
+    assert not any(t.name == "nvml-events" and t.is_alive() for t in threading.enumerate())
+
+
+def test_no_event_support_is_quiet_and_starts_no_thread() -> None:
+    probe = NvmlProbe(module=FakeNvmlFull())  # bindings without an event set
+    assert probe._watcher is None
+    assert probe.drain_events() == []
+    probe.close()
+
+
+def test_describe_xid() -> None:
+    assert describe_xid(48) == "Xid 48 (double-bit ECC error)"
+    assert describe_xid(31) == "Xid 31 (GPU memory page fault)"
+    assert describe_xid(12345) == "Xid 12345"
+
+
+async def test_drain_events_without_nvml_is_empty(
+    sim_root: str, session: aiohttp.ClientSession
+) -> None:
+    broken = NvmlProbe(module=FakeNvml(init_error=pynvml.NVMLError_LibraryNotFound()))
+    probe = await GpuProbe.create(sim_root, session, nvml=broken)
+    assert probe.source == "simulated"
+    assert probe.drain_events() == []
+    probe.set_server_pids([1])  # harmless without NVML
+    assert GpuProbe(message="none").drain_events() == []

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from loadgen import __version__
 
-SUBCOMMANDS = ("run", "sim", "calibrate")
+SUBCOMMANDS = ("run", "sim", "calibrate", "probe")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,6 +81,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="file holding the API key (default: $OPENAI_API_KEY); never on the "
                    "command line, so it stays out of shell history and `ps`")
     t.add_argument("--metrics-url", help="the server's Prometheus /metrics, when not at URL root")
+    t.add_argument("--server-pid", type=_whole(1),
+                   help="the server's process id (default: found by the URL's port or by name)")
+    t.add_argument("--server-name", help="find the server's process by this name")
     t.add_argument("--client", choices=("raw", "openai"), default="raw",
                    help="raw: tokentop's own fast HTTP client (default); openai: the official "
                    "SDK, to see what SDK-based applications see")
@@ -183,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             return _sim(argv[1:])
         if argv and argv[0] == "calibrate":
             return _calibrate(argv[1:])
+        if argv and argv[0] == "probe":
+            return _probe(argv[1:])
         if argv and argv[0] == "run":
             args = run_parser().parse_args(argv[1:])
             if args.headless:
@@ -224,6 +229,17 @@ def _calibrate(argv: list[str]) -> int:
     add_calibrate_arguments(p)
     args = p.parse_args(argv)
     return eventloop.run(lambda: calibrate_main(args))
+
+
+def _probe(argv: list[str]) -> int:
+    from loadgen import eventloop
+    from probes.oneshot import add_probe_arguments, probe_main
+
+    p = _Parser(prog="tokentop probe",
+                description="What every probe sees right now (GPUs, host, server), no load.")
+    add_probe_arguments(p)
+    args = p.parse_args(argv)
+    return eventloop.run(lambda: probe_main(args))
 
 
 def _sim(argv: list[str]) -> int:

@@ -29,7 +29,10 @@ except pynvml.NVMLError as exc:  # no driver / no GPU: nothing to test here
 else:
     pynvml.nvmlShutdown()
 
+import psutil  # noqa: E402
+
 from loadgen.snapshot import GpuSample, GpuStatus  # noqa: E402
+from probes import nvml as nvml_module  # noqa: E402
 from probes.nvml import NvmlProbe  # noqa: E402
 
 BUSY_BYTES = 2 * 2**30  # held by the child so the memory rise is unmistakable
@@ -79,6 +82,13 @@ def _read_line(proc: subprocess.Popen[str], timeout_s: float) -> str:
 @contextlib.contextmanager
 def busy_gpu(seconds: float = 120.0) -> Iterator[str]:
     """Run the matmul child; yields the CUDA device name once it is loading the GPU."""
+    with busy_child(seconds) as (name, _pid):
+        yield name
+
+
+@contextlib.contextmanager
+def busy_child(seconds: float = 120.0) -> Iterator[tuple[str, int]]:
+    """Run the matmul child; yields (CUDA device name, child pid) once it is loading the GPU."""
     if importlib.util.find_spec("torch") is None:
         pytest.skip("PyTorch is not installed: no way to load the GPU")
     # CUDA device 0 need not be NVML device 0 (CUDA orders fastest first by default);
@@ -94,7 +104,7 @@ def busy_gpu(seconds: float = 120.0) -> Iterator[str]:
         if line == "no-cuda":
             pytest.skip("PyTorch has no CUDA here")
         assert line.startswith("ready"), f"load child did not start: {line!r}"
-        yield line.removeprefix("ready").strip()
+        yield line.removeprefix("ready").strip(), proc.pid
     finally:
         proc.kill()
         proc.wait(timeout=30)
@@ -164,3 +174,69 @@ def test_load_raises_utilisation_power_energy_memory(probe: NvmlProbe) -> None:
         assert busy_w[loaded] > idle_w[loaded], f"{name}: {idle_w[loaded]} -> {busy_w[loaded]} W"
         assert during.energy_j is not None and before.energy_j is not None
         assert during.energy_j > before.energy_j
+
+
+def test_idle_sample_has_the_newer_fields(probe: NvmlProbe) -> None:
+    status = probe.sample()
+    assert status.driver, "driver version missing"
+    for gpu in status.gpus:
+        assert gpu.uuid and gpu.uuid.startswith(("GPU-", "MIG-"))
+        assert not gpu.lost and gpu.message is None
+        # Clocks and clock-event reasons are supported on every data-centre GPU.
+        assert gpu.sm_clock_mhz is not None and gpu.mem_clock_mhz is not None
+        assert gpu.mem_clock_mhz > 0
+        assert isinstance(gpu.throttle_reasons, list)
+        assert all(isinstance(r, str) and r for r in gpu.throttle_reasons)
+        if gpu.ecc_corrected is not None:
+            assert gpu.ecc_corrected >= 0 and gpu.ecc_uncorrected is not None
+        if gpu.pcie_tx_kbs is not None:
+            assert gpu.pcie_tx_kbs >= 0 and gpu.pcie_rx_kbs is not None
+        assert gpu.processes is not None, "process list not supported"
+        assert gpu.mig is None or all(isinstance(m, str) for m in gpu.mig)
+    assert probe.drain_events() == []  # nothing happened
+
+
+def test_busy_child_is_listed_with_its_memory_and_clocks_move(
+    probe: NvmlProbe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(nvml_module, "SLOW_PERIOD_S", 0.0)  # the process list on every poll
+    try:
+        with busy_child() as (name, pid):
+            time.sleep(1.0)
+            deadline = time.monotonic() + 20.0
+            seen: list[tuple[int, GpuSample]] = []
+            while time.monotonic() < deadline:
+                status = probe.sample()
+                seen = [(g.index, g) for g in status.gpus if _listed(g, pid)]
+                if seen:
+                    break
+                time.sleep(0.5)
+            listed = [p for g in status.gpus for p in (g.processes or [])]
+            if not seen and listed and not any(psutil.pid_exists(p.pid) for p in listed):
+                # NVML reports pids of the host's pid namespace (a container): match by memory.
+                seen = [
+                    (g.index, g)
+                    for g in status.gpus
+                    if any((p.used_bytes or 0) >= 0.9 * BUSY_BYTES for p in g.processes or [])
+                ]
+            assert seen, f"{name}: child {pid} not among GPU processes {listed}"
+            _, gpu = seen[0]
+            assert gpu.processes is not None
+            mine = [p for p in gpu.processes if p.pid == pid]
+            if mine:
+                assert mine[0].used_bytes is None or mine[0].used_bytes >= 0.9 * BUSY_BYTES
+                assert mine[0].name and "python" in mine[0].name.lower()
+            assert gpu.sm_clock_mhz is not None and gpu.sm_clock_mhz > 0, f"{name}: SM clock"
+            assert gpu.mem_clock_mhz is not None and gpu.mem_clock_mhz > 0
+            assert isinstance(gpu.throttle_reasons, list)
+            # The server's pids come first once they are known.
+            probe.set_server_pids([pid])
+            first = probe.sample().gpus[gpu.index].processes or []
+            if mine:
+                assert first and first[0].pid == pid
+    finally:
+        probe.set_server_pids([])
+
+
+def _listed(gpu: GpuSample, pid: int) -> bool:
+    return any(p.pid == pid for p in gpu.processes or [])
