@@ -51,6 +51,9 @@ class SseParser:
         return self._buf
 
 
+_FIELDS = (b"event:", b"id:", b"retry:")
+
+
 def _event_data(event: bytes) -> bytes | None:
     if event.startswith(b"data:") and b"\n" not in event:
         # the common case: one line, one payload
@@ -59,8 +62,10 @@ def _event_data(event: bytes) -> bytes | None:
     for line in event.split(b"\n"):
         if line.startswith(b"data:"):
             parts.append(line[6:] if line[5:6] == b" " else line[5:])
-        elif line and not line.startswith(b":") and b":" not in line:
-            # a line that is no field at all: the stream is not SSE
+        elif line and not line.startswith(b":") and not line.startswith(_FIELDS):
+            # The SSE spec would ignore an unknown field, but no inference server sends
+            # one: a line like `{"choices": …}` is a chunk that lost its `data:` prefix,
+            # and silently dropping it would lose a token. Call it what it is.
             raise ValueError(f"not an SSE line: {line[:60]!r}")
     return b"\n".join(parts) if parts else None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -514,3 +515,236 @@ async def test_subprocess_port_taken_is_one_line_and_exit_2(sim: RunningSim) -> 
     text = err.decode()
     assert "Traceback" not in text
     assert text.count("\n") == 1 and f":{sim.port}" in text
+
+
+# ---- presets: a concurrency sweep shows the knee where it should
+
+
+async def _sweep_level(
+    sim: RunningSim, concurrency: int, *, prompt_words: int, max_tokens: int, per_client: int
+) -> dict[str, float]:
+    """Closed loop at one concurrency: mean client TTFT, output tok/s, max waiting seen."""
+    loop = asyncio.get_running_loop()
+    body = {"model": MODEL, "prompt": " ".join(["w"] * prompt_words), "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    ttfts: list[float] = []
+    tokens = 0
+    waiting = 0
+    running = True
+
+    async def watch() -> None:
+        nonlocal waiting
+        while running:
+            waiting = max(waiting, sim.model.num_waiting)
+            await asyncio.sleep(0.001)
+
+    async def user(session: aiohttp.ClientSession) -> None:
+        nonlocal tokens
+        for _ in range(per_client):
+            t0 = loop.time()
+            first = True
+            async with session.post(sim.url + "/completions", json=body) as resp:
+                async for line in resp.content:
+                    if line.startswith(b'data: {"id"') and b'"text":" ' in line:
+                        if first:
+                            ttfts.append(loop.time() - t0)
+                            first = False
+                        tokens += 1
+
+    watcher = asyncio.create_task(watch())
+    start = loop.time()
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(user(session) for _ in range(concurrency)))
+    elapsed = loop.time() - start
+    running = False
+    await watcher
+    assert tokens == concurrency * per_client * max_tokens
+    return {"ttft": sum(ttfts) / len(ttfts), "tok_s": tokens / elapsed, "waiting": waiting}
+
+
+async def test_concurrency_sweep_has_the_knee_at_the_slot_limit() -> None:
+    from loadgen.sim.presets import profile
+
+    cfg = SimConfig(**profile("tiny"))
+    slots = cfg.slots
+    levels = [1, 2, 4, slots, slots + slots // 2, 2 * slots]
+    sim = await start_sim(cfg, port=0)
+    try:
+        r = {}
+        for c in levels:
+            r[c] = await _sweep_level(sim, c, prompt_words=50, max_tokens=24, per_client=2)
+        preempted_in_budget = sim.model.metrics.preemptions
+        # demand above the KV budget (8 × (450 + 80) > 4096): the newest get preempted
+        assert cfg.kv_tokens < 8 * (450 + 80)
+        await _sweep_level(sim, 8, prompt_words=450, max_tokens=80, per_client=1)
+        preempted_over = sim.model.metrics.preemptions
+    finally:
+        await sim.close()
+    below = [r[c] for c in levels if c <= slots]
+    above = [r[c] for c in levels if c > slots]
+    # TTFT flat below the slot limit, rising above it (queueing behind whole requests)
+    flat = max(x["ttft"] for x in below)
+    assert flat < 0.05
+    assert r[2 * slots]["ttft"] > 3 * flat
+    assert r[2 * slots]["ttft"] > r[slots + slots // 2]["ttft"] > flat
+    # output tok/s rises up to the slot limit, then stays flat
+    assert r[2]["tok_s"] > 1.4 * r[1]["tok_s"]
+    assert r[slots]["tok_s"] > 3 * r[1]["tok_s"]
+    for x in above:
+        assert 0.75 * r[slots]["tok_s"] < x["tok_s"] < 1.3 * r[slots]["tok_s"]
+    # requests wait only above the limit
+    assert all(x["waiting"] == 0 for x in below)
+    assert all(x["waiting"] > 0 for x in above)
+    # preemptions only once the KV budget is exceeded
+    assert preempted_in_budget == 0
+    assert preempted_over > 0
+
+
+def test_profiles_and_flags_override_them() -> None:
+    import argparse
+
+    from loadgen.sim.presets import PROFILES
+
+    parser = argparse.ArgumentParser()
+    add_sim_arguments(parser)
+    for name in PROFILES:
+        cfg = config_from_args(parser.parse_args(["--profile", name]))
+        for key, value in PROFILES[name].items():
+            assert getattr(cfg, key) == value, (name, key)
+    cfg = config_from_args(parser.parse_args(["--profile", "llama3-70b-4xh100", "--slots", "7"]))
+    assert cfg.slots == 7 and cfg.gpu_count == 4 and cfg.kv_bytes_per_token == 327_680
+    assert config_from_args(parser.parse_args([])) == SimConfig()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--profile", "nope"])
+
+
+async def test_tensor_parallel_profile_shows_every_gpu(http: aiohttp.ClientSession) -> None:
+    from loadgen.sim.presets import profile
+    from probes.sim_gpu import parse_sim_gpus
+
+    async with (
+        running_sim(**{**profile("llama3-70b-4xh100"), **FAST}) as sim,
+        http.get(root(sim) + "/sim/gpu") as resp,
+    ):
+        payload = await resp.json()
+    gpus = parse_sim_gpus(payload)
+    assert [g.index for g in gpus] == [0, 1, 2, 3]
+    assert all(g.simulated for g in gpus)
+    # a quarter of the 141 GB of weights on each, within the 80 GiB
+    assert all(141e9 / 4 <= g.memory_used_bytes < g.memory_total_bytes for g in gpus)
+
+
+# ---- exact-timing mode and chunk batching
+
+
+async def test_exact_timing_mode(http: aiohttp.ClientSession) -> None:
+    ttft_ms, itl_ms = 40.0, 5.0
+    async with running_sim(slots=1, exact_ttft_ms=ttft_ms, exact_itl_ms=itl_ms) as sim:
+        loop = asyncio.get_running_loop()
+
+        async def one() -> tuple[float, list[int], list[int]]:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 12, "ignore_eos": True, "stream": True,
+                    "stream_options": {"include_usage": True}}  # fmt: skip
+            content: list[int] = []
+            every: list[int] = []
+            t0 = loop.time()
+            ttft = 0.0
+            async with http.post(sim.url + "/chat/completions", json=body) as resp:
+                async for line in resp.content:
+                    if not line.startswith(b"data: {"):
+                        continue
+                    chunk = json.loads(line[6:])
+                    every.append(chunk["tokentop_sent_ns"])
+                    choices = chunk["choices"]
+                    if choices and choices[0]["delta"].get("content"):
+                        if not content:
+                            ttft = loop.time() - t0
+                        content.append(chunk["tokentop_sent_ns"])
+            return ttft, content, every
+
+        # six at once through one slot: the scheduler is bypassed, nobody queues
+        results = await asyncio.gather(*(one() for _ in range(6)))
+        m = await scrape(http, sim)
+    for ttft, content, every in results:
+        assert len(content) == 12
+        assert len(every) == 12 + 3  # role, 12 tokens, finish, usage: all stamped
+        assert ttft_ms / 1000 <= ttft < (ttft_ms + 15) / 1000
+        gaps_ms = [(b - a) / 1e6 for a, b in itertools.pairwise(content)]
+        assert sum(gaps_ms) / len(gaps_ms) == pytest.approx(itl_ms, abs=0.3)
+        # by deadline: a late write (the machine was busy) is followed by a short gap
+        assert sorted(gaps_ms)[len(gaps_ms) // 2] == pytest.approx(itl_ms, abs=0.1)
+        assert all(0 < g < itl_ms + 8.0 for g in gaps_ms)
+        # role chunk is written on arrival: first content exactly TTFT after it
+        assert (content[0] - every[0]) / 1e6 == pytest.approx(ttft_ms, abs=1.5)
+    assert m["vllm:generation_tokens_total"] == 6 * 12
+    assert m["vllm:time_to_first_token_seconds_count"] == 6
+    assert m["vllm:num_requests_running"] == 0
+
+    async with running_sim(exact_ttft_ms=30.0, exact_itl_ms=2.0) as sim, openai_client(sim) as c:
+        t0 = loop.time()
+        whole = await c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "a b"}], max_tokens=11,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert whole.usage.completion_tokens == 11
+        assert loop.time() - t0 >= (30 + 2 * 10) / 1000
+        stream = await c.completions.create(
+            model=MODEL, prompt="x", max_tokens=5, stream=True, extra_body={"ignore_eos": True}
+        )
+        texts = [ch.choices[0].text async for ch in stream if ch.choices and ch.choices[0].text]
+        assert len(texts) == 5
+
+
+async def test_tokens_per_chunk(http: aiohttp.ClientSession) -> None:
+    async with running_sim(tokens_per_chunk=4) as sim:
+        usage = {"include_usage": True, "continuous_usage_stats": True}
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 10,
+                "ignore_eos": True, "stream": True, "stream_options": usage}  # fmt: skip
+        seen = []
+        async with http.post(sim.url + "/chat/completions", json=body) as resp:
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    chunk = json.loads(line[6:])
+                    text = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
+                    if text:
+                        seen.append((len(text.split()), chunk["usage"]["completion_tokens"]))
+        # the first token alone, then four at a time; usage counts what each carried
+        assert seen == [(1, 1), (4, 5), (4, 9), (1, 10)]
+        async with openai_client(sim) as client:
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "y"}], max_tokens=9,
+                stream=True, extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            words = 0
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    words += len(chunk.choices[0].delta.content.split())
+            assert words == 9
+        m = await scrape(http, sim)
+        assert m["vllm:generation_tokens_total"] == 19
+
+
+async def test_gpu_power_follows_batch_occupancy() -> None:
+    from loadgen.sim.gpu import SimGpu
+    from loadgen.sim.model import Engine
+
+    class Clock:
+        t = 0.0
+
+    cfg = SimConfig(slots=10)
+    one, full = Engine(cfg), Engine(cfg)
+    for engine, running in ((one, 1), (full, 10)):
+        engine.now = lambda: Clock.t  # type: ignore[method-assign]
+        engine.busy_seconds = lambda now: now  # type: ignore[method-assign]  # always busy
+        engine.exact_running = running  # stands for `running` sequences in the batch
+    g1, g10 = SimGpu(one), SimGpu(full)
+    g1.sample(), g10.sample()
+    Clock.t = 20.0
+    s1, s10 = g1.sample(), g10.sample()
+    assert s1["utilization_pct"] == s10["utilization_pct"] > 99  # NVML's "busy" reads alike
+    assert cfg.idle_power_w < s1["power_w"] < s10["power_w"] <= cfg.power_limit_w
+    assert s10["power_w"] == pytest.approx(cfg.power_limit_w, rel=0.01)
+    assert s1["temperature_c"] < s10["temperature_c"]  # 20 s into a 30 s thermal lag
+    assert s10["temperature_c"] < cfg.ambient_c + cfg.c_per_watt * s10["power_w"] - 5
+    assert s10["energy_j"] > s1["energy_j"] > 0

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from loadgen import __version__
 
-SUBCOMMANDS = ("run", "sim", "calibrate", "probe")
+SUBCOMMANDS = ("run", "sweep", "sim", "calibrate", "probe")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,6 +81,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="file holding the API key (default: $OPENAI_API_KEY); never on the "
                    "command line, so it stays out of shell history and `ps`")
     t.add_argument("--metrics-url", help="the server's Prometheus /metrics, when not at URL root")
+    t.add_argument("--sim-profile", help="embedded simulator: a named deployment "
+                   "(see tokentop sim --help)")
+    t.add_argument("--sim-arg", action="append", default=[], metavar="FLAG",
+                   help="embedded simulator: one more flag, e.g. --sim-arg=--slots=16 "
+                   "(repeatable)")
     t.add_argument("--server-pid", type=_whole(1),
                    help="the server's process id (default: found by the URL's port or by name)")
     t.add_argument("--server-name", help="find the server's process by this name")
@@ -152,7 +157,13 @@ def run_config(args: argparse.Namespace):
     from loadgen.run_config import ConfigError, RunConfig
 
     fields = set(RunConfig.__struct_fields__)
-    cfg = RunConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+    values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    sim_args = list(getattr(args, "sim_arg", []) or [])
+    if getattr(args, "sim_profile", None):
+        sim_args = ["--profile", args.sim_profile, *sim_args]
+    if sim_args and args.url:
+        _fail("--sim-profile and --sim-arg are for the embedded simulator; drop them with --url")
+    cfg = RunConfig(**values, sim_args=sim_args)
     try:
         cfg.parsed()
     except ConfigError as e:
@@ -188,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             return _calibrate(argv[1:])
         if argv and argv[0] == "probe":
             return _probe(argv[1:])
+        if argv and argv[0] == "sweep":
+            return _sweep(argv[1:])
         if argv and argv[0] == "run":
             args = run_parser().parse_args(argv[1:])
             if args.headless:
@@ -229,6 +242,18 @@ def _calibrate(argv: list[str]) -> int:
     add_calibrate_arguments(p)
     args = p.parse_args(argv)
     return eventloop.run(lambda: calibrate_main(args))
+
+
+def _sweep(argv: list[str]) -> int:
+    from loadgen import eventloop
+    from loadgen.sweep import add_sweep_arguments, sweep_main
+
+    p = console_parser("tokentop sweep")
+    p.description = "Raise the load step by step; find the knee and the max goodput."
+    add_sweep_arguments(p)
+    args = p.parse_args(argv)
+    cfg, key = run_config(args), _api_key(args)
+    return eventloop.run(lambda: sweep_main(cfg, args, key))
 
 
 def _probe(argv: list[str]) -> int:

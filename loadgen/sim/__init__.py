@@ -5,6 +5,19 @@ prefill cost per prompt token, decode step time that grows with the batch,
 vLLM-style /metrics and a simulated GPU at /sim/gpu. `tokentop` with no target
 starts one (`python -m loadgen.sim --port 0 --announce --exit-with-parent`);
 tests start one in-process with `await start_sim(SimConfig(...))`.
+
+Also: `--profile` presets modelled on real deployments (presets.py), other
+engines' /metrics names with `--metrics-dialect` (dialects.py), faults on
+demand from `--fault-*` flags and `POST /sim/faults` (faults.py), exact-timing
+mode (`--exact-ttft-ms`/`--exact-itl-ms`, every chunk stamped with
+"tokentop_sent_ns") and k tokens per chunk (`--tokens-per-chunk`).
+
+One process, on purpose: there is no `--workers N`. The model is one
+scheduler (one slot limit, one KV budget, one queue); N processes behind
+SO_REUSEPORT would each need a share of it, and the kernel's per-connection
+hashing would then put the knee at a different place for every run. One
+process on one core streams over 100k chunks/s (tests/bench/bench_sim.py),
+more than any single load generator here can read.
 """
 
 from loadgen.sim.model import SimConfig

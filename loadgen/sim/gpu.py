@@ -5,9 +5,17 @@ read with exact first-order (exponential) updates, so reading once a second
 or ten times a second gives the same curves:
 
 * memory = weights + KV tokens in use × bytes per token + activations per running sequence;
-* utilisation = the fraction of wall time the engine spent inside steps, smoothed (~1 s);
-* power = idle + (limit − idle) × utilisation, smoothed (~0.5 s); energy integrates it;
+* utilisation = the fraction of wall time the engine spent inside steps, smoothed (~1 s):
+  what NVML reports (a kernel was running), so one busy sequence already reads ~100 %;
+* batch occupancy = running sequences / slots, smoothed (~1 s);
+* power = idle + (limit − idle) × utilisation × (0.5 + 0.5 × occupancy), smoothed
+  (~0.5 s): a GPU busy with one sequence draws about half of what a full batch does;
+  energy integrates it;
 * temperature follows power with a slow lag (~30 s), as a heatsink does.
+
+With `gpu_count` > 1 (tensor parallelism) the weights, KV and activations are split
+evenly and every GPU shows the same utilisation and power; /sim/gpu then answers
+`{"gpus": [...]}`, one object per GPU (a single GPU stays one plain object).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ class SimGpu:
         self._t: float | None = None
         self._busy = 0.0
         self._util = 0.0  # 0..1
+        self._occupancy = 0.0  # 0..1
         self._power = cfg.idle_power_w
         self._energy = 0.0
         self._temp = cfg.ambient_c + cfg.c_per_watt * cfg.idle_power_w  # idle equilibrium
@@ -44,8 +53,12 @@ class SimGpu:
         if dt <= 0:
             return
         busy_frac = min(1.0, max(0.0, (busy - self._busy) / dt))
-        self._util += (busy_frac - self._util) * (1.0 - math.exp(-dt / UTIL_TAU_S))
-        target_w = cfg.idle_power_w + (cfg.power_limit_w - cfg.idle_power_w) * self._util
+        smooth = 1.0 - math.exp(-dt / UTIL_TAU_S)
+        self._util += (busy_frac - self._util) * smooth
+        occupancy = min(1.0, engine.num_running / cfg.slots)
+        self._occupancy += (occupancy - self._occupancy) * smooth
+        work = self._util * (0.5 + 0.5 * self._occupancy)
+        target_w = cfg.idle_power_w + (cfg.power_limit_w - cfg.idle_power_w) * work
         old_w = self._power
         self._power += (target_w - old_w) * (1.0 - math.exp(-dt / POWER_TAU_S))
         self._energy += 0.5 * (old_w + self._power) * dt  # trapezoid
@@ -60,15 +73,21 @@ class SimGpu:
             cfg.weights_bytes
             + engine.kv_used * cfg.kv_bytes_per_token
             + engine.num_running * cfg.activation_bytes_per_seq
-        )
+        ) // cfg.gpu_count
         return min(used, cfg.gpu_memory_bytes)
 
     def sample(self) -> dict[str, Any]:
         """The /sim/gpu body; field names are those of loadgen.snapshot.GpuSample."""
         self._advance(self._engine.now())
         cfg = self._engine.cfg
+        if cfg.gpu_count == 1:
+            return self._one(0)
+        return {"gpus": [self._one(i) for i in range(cfg.gpu_count)]}
+
+    def _one(self, index: int) -> dict[str, Any]:
+        cfg = self._engine.cfg
         return {
-            "index": 0,
+            "index": index,
             "name": cfg.gpu_name,
             "simulated": True,
             "memory_used_bytes": self.memory_used_bytes(),

@@ -28,7 +28,13 @@ REQUEST_LATENCY_BUCKETS = (
     50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 
+# Token counts per request (TGI's request_input_length / request_generated_tokens).
+TOKEN_BUCKETS = tuple(float(2**i) for i in range(0, 18))
+
 FINISH_REASONS = ("stop", "length")
+
+# The /metrics dialects the simulator can speak (loadgen.sim.dialects renders them).
+DIALECTS = ("vllm", "sglang", "tgi", "llamacpp", "trtllm", "triton")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -59,10 +65,20 @@ class EngineMetrics:
         self.generation_tokens = 0
         self.preemptions = 0
         self.success = dict.fromkeys(FINISH_REASONS, 0)
+        self.arrived = 0  # requests accepted into the engine
+        self.busy_slot_steps = 0  # sum over steps of the sequences running in it
+        self.prefill_seconds = 0.0  # the prefill share of step time
+        self.input_length = Histogram(TOKEN_BUCKETS)  # per finished request
+        self.generated_per_request = Histogram(TOKEN_BUCKETS)  # per finished request
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(REQUEST_LATENCY_BUCKETS)
         self.queue = Histogram(REQUEST_LATENCY_BUCKETS)
+
+    def finished(self, reason: str, prompt_tokens: int, generated: int) -> None:
+        self.success[reason] += 1
+        self.input_length.observe(prompt_tokens)
+        self.generated_per_request.observe(generated)
 
     def render(self, model_name: str, *, running: int, waiting: int, kv_usage: float) -> str:
         label = f'model_name="{_escape(model_name)}"'

@@ -20,9 +20,11 @@ import asyncio
 import contextlib
 import random
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from loadgen.sim.metrics import EngineMetrics
+from loadgen.sim.faults import FaultConfig, Faults
+from loadgen.sim.metrics import DIALECTS, EngineMetrics
 
 GIB = 1024**3
 MIB = 1024**2
@@ -46,8 +48,18 @@ class SimConfig:
     default_max_tokens: int = 256  # when a request names no max_tokens
     mean_output_tokens: float = 160.0  # mean natural length (ignore_eos false), exponential
     seed: int = 0
-    # the simulated GPU
+    # Stream this many tokens per SSE chunk (the first token is always sent alone, as
+    # vLLM's stream_interval does); continuous usage then counts k per chunk.
+    tokens_per_chunk: int = 1
+    # Exact-timing mode (both set): every request gets exactly this TTFT and ITL whatever
+    # the load, and every chunk carries "tokentop_sent_ns" (wall clock at write).
+    exact_ttft_ms: float | None = None
+    exact_itl_ms: float | None = None
+    metrics_dialect: str = "vllm"  # vllm | sglang | tgi | llamacpp | trtllm | triton
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    # the simulated GPU(s); memory and power are per GPU, weights and KV split over them
     gpu_name: str = "Simulated H100 80GB HBM3"
+    gpu_count: int = 1
     gpu_memory_bytes: int = 80 * GIB
     weights_bytes: int = 16 * GIB
     kv_bytes_per_token: int = 131072
@@ -59,11 +71,25 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         # A zero here would leave requests queued forever: refuse it up front.
-        for name in ("slots", "kv_tokens", "prefill_chunk_tokens", "default_max_tokens"):
+        for name in ("slots", "kv_tokens", "prefill_chunk_tokens", "default_max_tokens",
+                     "tokens_per_chunk", "gpu_count"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.mean_output_tokens <= 0:
             raise ValueError("mean_output_tokens must be positive")
+        if (self.exact_ttft_ms is None) != (self.exact_itl_ms is None):
+            raise ValueError("exact timing needs both exact_ttft_ms and exact_itl_ms")
+        if self.exact_ttft_ms is not None and (self.exact_ttft_ms < 0 or self.exact_itl_ms < 0):  # type: ignore[operator]
+            raise ValueError("exact timings must not be negative")
+        if self.metrics_dialect not in DIALECTS:
+            raise ValueError(f"metrics_dialect must be one of {', '.join(DIALECTS)}")
+        for name in ("step_overhead_ms", "decode_ms_per_seq", "prefill_ms_per_token"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+
+    @property
+    def exact(self) -> bool:
+        return self.exact_ttft_ms is not None
 
 
 class ContextLengthError(ValueError):
@@ -125,9 +151,16 @@ class Sequence:
 class Engine:
     """The engine state and its loop. Start with `start()` inside a running loop."""
 
-    def __init__(self, cfg: SimConfig) -> None:
+    def __init__(self, cfg: SimConfig, faults: Faults | None = None) -> None:
         self.cfg = cfg
+        self.faults = faults or Faults(cfg.faults)
         self.metrics = EngineMetrics()
+        self.exact_running = 0  # exact-timing requests, which bypass the scheduler
+        self._next_spike: float | None = None
+        self._chunk_k = cfg.tokens_per_chunk
+        self._prefill_s = 0.0  # the prefill share of the step in progress
+        self._growth = 0  # KV tokens the step in progress will add (one per decoding sequence)
+        self.scrape_state: dict[str, Any] = {}  # for dialects whose gauges are per scrape
         self._rng = random.Random(cfg.seed)
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # in admission order: the newest is last
@@ -143,7 +176,7 @@ class Engine:
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        return len(self._running) + self.exact_running
 
     @property
     def num_waiting(self) -> int:
@@ -167,13 +200,22 @@ class Engine:
             return self._busy_s
         return self._busy_s + max(0.0, now - self._step_start)
 
-    def render_metrics(self) -> str:
-        return self.metrics.render(
-            self.cfg.model_name,
-            running=len(self._running),
-            waiting=len(self._waiting),
-            kv_usage=self.kv_usage,
-        )
+    def render_metrics(self, dialect: str | None = None) -> str:
+        from loadgen.sim.dialects import render
+
+        return render(dialect or self.cfg.metrics_dialect, self)
+
+    def live(self) -> list[Sequence]:
+        """Every request in the engine, running or waiting."""
+        return [*self._running, *self._waiting]
+
+    def restart(self) -> int:
+        """A process restart: abort every request, counters from zero. Returns how many."""
+        live = self.live()
+        for seq in live:
+            self.abort(seq)
+        self.metrics = EngineMetrics()
+        return len(live)
 
     # ---- lifecycle
 
@@ -197,6 +239,26 @@ class Engine:
         self, prompt_tokens: int, max_tokens: int | None, ignore_eos: bool, *, stream: bool
     ) -> Sequence:
         """Queue a request; raises ContextLengthError when it could never fit."""
+        target, reason = self.plan_length(prompt_tokens, max_tokens, ignore_eos)
+        seq = Sequence(prompt_tokens, target, reason, self.now())
+        seq.every_token = stream
+        seq.offset = self.rng_offset()
+        self.metrics.arrived += 1
+        self._waiting.append(seq)
+        # Admit now when a slot is free and it fits: num_requests_waiting then counts only
+        # requests that really queue (its prefill still starts with the next step).
+        self._admit(seq.arrived_t)
+        self._wake.set()
+        return seq
+
+    def rng_offset(self) -> int:
+        """Where a request's text starts in the word list."""
+        return self._rng.randrange(1 << 16)
+
+    def plan_length(
+        self, prompt_tokens: int, max_tokens: int | None, ignore_eos: bool
+    ) -> tuple[int, str]:
+        """(tokens to generate, finish_reason); raises ContextLengthError when it cannot fit."""
         limit = self.cfg.kv_tokens
         if max_tokens is None:
             max_tokens = min(self.cfg.default_max_tokens, limit - prompt_tokens)
@@ -217,12 +279,7 @@ class Engine:
             natural = 1 + int(self._rng.expovariate(1.0 / self.cfg.mean_output_tokens))
             if natural < max_tokens:
                 target, reason = natural, "stop"
-        seq = Sequence(prompt_tokens, target, reason, self.now())
-        seq.every_token = stream
-        seq.offset = self._rng.randrange(1 << 16)
-        self._waiting.append(seq)
-        self._wake.set()
-        return seq
+        return target, reason
 
     def wait(self, seq: Sequence) -> asyncio.Future[None]:
         """A Future resolved when `seq` emits its next token (or, for whole responses, ends)."""
@@ -264,6 +321,11 @@ class Engine:
                 continue
             step_s = self._plan()
             start = loop.time()
+            spike = self.faults.cfg
+            if spike.spike_every_s > 0 and spike.spike_ms > 0:
+                step_s += self._spike(start, spike.spike_every_s, spike.spike_ms)
+            else:
+                self._next_spike = None
             self._step_start = start
             # A fixed schedule: each step ends step_s after the previous deadline, so
             # timer and loop jitter do not accumulate into drift.
@@ -276,7 +338,21 @@ class Engine:
             self._busy_s += end - start
             self._step_start = None
             self.steps += 1
+            self.metrics.busy_slot_steps += len(self._running)
+            self.metrics.prefill_seconds += self._prefill_s
             self._finish_step(end)
+
+    def _spike(self, now: float, every_s: float, spike_ms: float) -> float:
+        """A stop-the-world pause once every `every_s`: the extra seconds for this step."""
+        if self._next_spike is None:
+            self._next_spike = now + every_s
+            return 0.0
+        if now < self._next_spike:
+            return 0.0
+        while self._next_spike <= now:
+            self._next_spike += every_s
+        self.faults.count("spike")
+        return spike_ms / 1000.0
 
     def _admit(self, now: float) -> None:
         cfg = self.cfg
@@ -284,7 +360,7 @@ class Engine:
             seq = self._waiting[0]
             context = seq.prompt_tokens + seq.generated
             need = context + 1  # room for the token the prefill produces
-            if self._kv_used + need > cfg.kv_tokens:
+            if self._kv_used + self._growth + need > cfg.kv_tokens:
                 break  # FIFO: nobody overtakes the head of the queue
             self._waiting.popleft()
             seq.state = PREFILL
@@ -311,6 +387,7 @@ class Engine:
             if seq.state == DECODE:
                 decoding -= 1
             self._preempt(seq)
+        self._growth = decoding
         budget = cfg.prefill_chunk_tokens
         prefill = 0
         for seq in running:
@@ -319,6 +396,7 @@ class Engine:
                 seq.chunk = grant
                 budget -= grant
                 prefill += grant
+        self._prefill_s = cfg.prefill_ms_per_token * prefill / 1000.0
         ms = (
             cfg.step_overhead_ms
             + cfg.decode_ms_per_seq * decoding
@@ -337,8 +415,10 @@ class Engine:
     def _finish_step(self, now: float) -> None:
         metrics = self.metrics
         itl = metrics.itl
+        self._growth = 0
         keep: list[Sequence] = []
         emitted = 0
+        k = self._chunk_k
         # Sequences that decoded in the same step share one gap: observe them as a run.
         gap_value = -1.0
         gap_count = 0
@@ -373,7 +453,8 @@ class Engine:
                 self._finish(seq, now)
             else:
                 keep.append(seq)
-                if seq.every_token:
+                # the first token alone, then every k-th (k = tokens per chunk)
+                if seq.every_token and (k == 1 or (seq.generated - 1) % k == 0):
                     _resolve(seq)
         if gap_count:
             itl.observe(gap_value, gap_count)
@@ -385,7 +466,7 @@ class Engine:
         seq.kv = 0
         seq.state = DONE
         seq.finish_reason = seq.target_reason
-        self.metrics.success[seq.target_reason] += 1
+        self.metrics.finished(seq.target_reason, seq.prompt_tokens, seq.generated)
         self.metrics.e2e.observe(now - seq.arrived_t)
         _resolve(seq)
 

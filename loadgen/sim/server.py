@@ -1,7 +1,9 @@
 """The simulator's HTTP face: an aiohttp server speaking the OpenAI wire format.
 
 Endpoints: POST /v1/chat/completions and /v1/completions (stream and whole),
-GET /v1/models, /health, /metrics (vLLM names) and /sim/gpu (the simulated GPU).
+GET /v1/models, /health, /metrics (vLLM names, or another engine's with
+`--metrics-dialect`), /sim/gpu (the simulated GPU), and GET/POST /sim/faults
+(fault settings and injected counts; POST from loopback peers only, see faults.py).
 
 Requests, as the simulator reads them:
 
@@ -17,7 +19,13 @@ Requests, as the simulator reads them:
   usage; `continuous_usage_stats` (with include_usage, as in vLLM) puts usage
   on every chunk;
 * one choice only (`n` must be 1). Every generated token is one word, sent as
-  one SSE chunk.
+  one SSE chunk (or k words per chunk with `tokens_per_chunk` k > 1);
+* exact-timing mode (`exact_ttft_ms` + `exact_itl_ms`): the scheduler is
+  bypassed (and with it the mid-stream faults: only 500, 429 and slow first
+  byte apply), every request's first token is written exactly `exact_ttft_ms`
+  after it arrived and each next one `exact_itl_ms` later (by deadline, never
+  by accumulated sleeps), and every chunk carries `"tokentop_sent_ns"`, the
+  wall clock (time.time_ns) just before its write.
 """
 
 from __future__ import annotations
@@ -25,8 +33,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -39,9 +49,11 @@ from typing import Any
 
 from aiohttp import web
 
+from loadgen.sim.faults import Faults, add_fault_arguments, faults_from_args
 from loadgen.sim.gpu import SimGpu
-from loadgen.sim.metrics import CONTENT_TYPE
-from loadgen.sim.model import ContextLengthError, Engine, Sequence, SimConfig
+from loadgen.sim.metrics import CONTENT_TYPE, DIALECTS
+from loadgen.sim.model import DONE, ContextLengthError, Engine, Sequence, SimConfig
+from loadgen.sim.presets import PROFILES, profile
 
 log = logging.getLogger("loadgen.sim")
 
@@ -71,6 +83,7 @@ _TEXT_REST = b'","logprobs":null,"finish_reason":null}]'
 _CHAT_TAILS = tuple(w + _CHAT_REST + b"}\n\n" for w in _WORD_BYTES)
 _TEXT_TAILS = tuple(w + _TEXT_REST + b"}\n\n" for w in _WORD_BYTES)
 _DONE = b"data: [DONE]\n\n"
+_SPLIT_CHAR = "é".encode()  # two bytes: a malformed_kind "split_utf8" splits it
 
 
 class RequestError(Exception):
@@ -193,9 +206,11 @@ class ChunkWriter:
             f'data: {{"id":"{rid}","object":"{obj}","created":{int(time.time())},'
             f'"model":{json.dumps(model)},"choices":['
         ).encode()
-        open_text = b'{"index":0,"delta":{"content":"' if chat else b'{"index":0,"text":"'
-        self.head = self.prefix + open_text
+        self.open_text = b'{"index":0,"delta":{"content":"' if chat else b'{"index":0,"text":"'
+        self.head = self.prefix + self.open_text
         self.tails = _CHAT_TAILS if chat else _TEXT_TAILS
+        self.rest = _CHAT_REST if chat else _TEXT_REST
+        self.multi = False  # k tokens in one chunk (tokens_per_chunk > 1)
 
     def role(self) -> bytes:
         return self._with_usage(
@@ -205,14 +220,44 @@ class ChunkWriter:
         )
 
     def tokens(self, start: int, end: int) -> bytes:
-        """Chunks for tokens start..end-1, one token each."""
+        """Chunks for tokens start..end-1: one token each, or all in one chunk if multi."""
         seq = self.seq
+        if self.multi and end - start > 1:
+            return self.one_chunk(start, end)
         if self.req.continuous_usage:
             return b"".join(self._usage_token(k) for k in range(start, end))
         head, tails, offset = self.head, self.tails, seq.offset
         if end - start == 1:
             return head + tails[(offset + start) & _WORD_MASK]
         return b"".join(head + tails[(offset + k) & _WORD_MASK] for k in range(start, end))
+
+    def one_chunk(self, start: int, end: int) -> bytes:
+        """One chunk carrying tokens start..end-1."""
+        offset = self.seq.offset
+        text = b"".join(_WORD_BYTES[(offset + k) & _WORD_MASK] for k in range(start, end))
+        return self._with_usage(self.open_text + text + self.rest, end)
+
+    def empty(self, completion: int) -> bytes:
+        """A chunk with no choices at all (the empty_choices fault)."""
+        return self._with_usage(b"]", completion)
+
+    def malformed(self, kind: str, k: int) -> bytes:
+        """One broken chunk in place of token k (the malformed fault)."""
+        word = _WORD_BYTES[(self.seq.offset + k) & _WORD_MASK]
+        if kind == "bad_json":  # the JSON is cut short
+            return self.head + word + b'"}\n\n'
+        if kind == "missing_data":  # a whole chunk without the `data:` field name
+            return self.tokens(k, k + 1).removeprefix(b"data: ")
+        # split_utf8: one two-byte character split across two events
+        first, second = _SPLIT_CHAR[:1], _SPLIT_CHAR[1:]
+        return self.head + first + self.rest + b"}\n\n" + self.head + second + self.rest + b"}\n\n"
+
+    def empty_ending(self) -> bytes:
+        """The end of an empty_choices stream: the usage chunk if asked for, and [DONE]."""
+        out = b""
+        if self.req.include_usage:
+            out = self.prefix + b"]" + self._usage(self.seq.generated) + b"}\n\n"
+        return out + _DONE
 
     def _usage_token(self, k: int) -> bytes:
         word = _WORD_BYTES[(self.seq.offset + k) & _WORD_MASK]
@@ -252,14 +297,39 @@ def completion_text(seq: Sequence) -> str:
     return "".join(WORDS[(seq.offset + k) & _WORD_MASK] for k in range(seq.generated))
 
 
+def stamp(data: bytes, ns: int) -> bytes:
+    """Every JSON event of `data` with "tokentop_sent_ns" added (exact-timing mode)."""
+    return data.replace(b"}\n\n", b',"tokentop_sent_ns":%d}\n\n' % ns)
+
+
+def is_loopback(remote: str | None) -> bool:
+    """True for a loopback peer address (127.0.0.0/8, ::1, ::ffff:127.x)."""
+    if not remote:
+        return False
+    try:
+        addr = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
 class SimServer:
-    """The aiohttp application around one Engine and its SimGpu."""
+    """The aiohttp application around one Engine, its SimGpu and its Faults."""
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        self.engine = Engine(cfg)
+        self.faults = Faults(cfg.faults)
+        self.engine = Engine(cfg, self.faults)
         self.gpu = SimGpu(self.engine)
         self.created = int(time.time())
+        self.inflight = 0  # completion requests being answered right now
+        self.outage_active = False
+        self.runner: web.AppRunner | None = None
+        self.host = "127.0.0.1"
+        self.port = 0
+        self._outage_task: asyncio.Task[None] | None = None
         app = web.Application()
         app.add_routes(
             [
@@ -269,6 +339,8 @@ class SimServer:
                 web.get("/health", self._health),
                 web.get("/metrics", self._metrics),
                 web.get("/sim/gpu", self._gpu),
+                web.get("/sim/faults", self.get_faults),
+                web.post("/sim/faults", self.post_faults),
             ]
         )
         self.app = app
@@ -280,6 +352,7 @@ class SimServer:
         return await self._complete(request, chat=False)
 
     async def _complete(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        arrived = asyncio.get_running_loop().time()
         try:
             body = json.loads(await request.read())
         except ValueError as exc:
@@ -291,30 +364,69 @@ class SimServer:
             return exc.response()
         if req.model != self.cfg.model_name:
             return error_response(404, f"The model `{req.model}` does not exist.", "NotFoundError")
+        faults = self.faults
+        settings = faults.cfg
+        fault = faults.draw(stream=req.stream)
+        self.inflight += 1
         try:
-            seq = self.engine.submit(
-                req.prompt_tokens, req.max_tokens, req.ignore_eos, stream=req.stream
-            )
-        except ContextLengthError as exc:
-            return error_response(400, str(exc), "BadRequestError")
-        try:
-            if req.stream:
-                return await self._stream(request, req, seq, chat=chat)
-            return await self._whole(req, seq, chat=chat)
+            if settings.slow_first_byte_ms > 0:
+                faults.count("slow_first_byte")
+                await asyncio.sleep(settings.slow_first_byte_ms / 1000.0)
+            if fault == "http_500":
+                faults.count("http_500")
+                return error_response(
+                    500, "Simulated internal server error (injected fault).", "InternalServerError"
+                )
+            if fault == "http_429":
+                faults.count("http_429")
+                resp = error_response(
+                    429, "Simulated rate limit (injected fault).", "RateLimitError"
+                )
+                resp.headers["Retry-After"] = str(math.ceil(settings.retry_after_s))
+                resp.headers["retry-after-ms"] = str(round(settings.retry_after_s * 1000))
+                return resp
+            if self.cfg.exact:
+                return await self._exact(request, req, arrived, chat=chat)
+            try:
+                seq = self.engine.submit(
+                    req.prompt_tokens, req.max_tokens, req.ignore_eos, stream=req.stream
+                )
+            except ContextLengthError as exc:
+                return error_response(400, str(exc), "BadRequestError")
+            try:
+                if req.stream:
+                    return await self._stream(request, req, seq, fault, chat=chat)
+                return await self._whole(req, seq, chat=chat)
+            finally:
+                # The client went away (CancelledError, ConnectionResetError) or the stream
+                # ended: either way the slot and the KV go back now. A no-op when finished.
+                self.engine.abort(seq)
         finally:
-            # The client went away (CancelledError, ConnectionResetError) or the stream ended:
-            # either way the slot and the KV go back now. A no-op for a finished request.
-            self.engine.abort(seq)
+            self.inflight -= 1
+
+    def _writer(self, req: CompletionRequest, seq: Sequence, *, chat: bool) -> ChunkWriter:
+        writer = ChunkWriter(req, seq, chat=chat, model=self.cfg.model_name)
+        writer.multi = self.cfg.tokens_per_chunk > 1
+        return writer
 
     async def _stream(
-        self, request: web.Request, req: CompletionRequest, seq: Sequence, *, chat: bool
+        self,
+        request: web.Request,
+        req: CompletionRequest,
+        seq: Sequence,
+        fault: str | None,
+        *,
+        chat: bool,
     ) -> web.StreamResponse:
         engine = self.engine
-        writer = ChunkWriter(req, seq, chat=chat, model=self.cfg.model_name)
+        writer = self._writer(req, seq, chat=chat)
         resp = web.StreamResponse(headers=SSE_HEADERS)
+        # a mid-stream fault strikes once this many tokens were sent (0: none)
+        empty = fault == "empty_choices"  # the whole stream is the fault
+        fault_at = max(1, seq.target // 2) if fault is not None and not empty else 0
         try:
             await resp.prepare(request)
-            if chat:
+            if chat and not empty:
                 await resp.write(writer.role())
             sent = 0
             while True:
@@ -322,7 +434,13 @@ class SimServer:
                     await engine.wait(seq)
                 generated = seq.generated
                 if generated > sent:
-                    data = writer.tokens(sent, generated)
+                    if fault_at and generated >= fault_at:
+                        after = await self._strike(request, resp, writer, fault, sent, fault_at)
+                        if after is None:
+                            return resp
+                        sent, fault_at = after, 0
+                        continue  # a stall let more tokens come: write them all now
+                    data = writer.empty(generated) if empty else writer.tokens(sent, generated)
                     sent = generated
                     await resp.write(data)
                 elif seq.done:
@@ -331,11 +449,131 @@ class SimServer:
                 # Shut down under us: end the stream without [DONE], as a dying server would.
                 resp.force_close()
                 return resp
-            await resp.write(writer.ending())
+            await resp.write(writer.empty_ending() if empty else writer.ending())
             await resp.write_eof()
+            if empty:
+                self.faults.count("empty_choices")
         except ConnectionResetError:
             pass  # the client left; the finally in _complete frees the slot
         return resp
+
+    async def _strike(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        writer: ChunkWriter,
+        fault: str | None,
+        sent: int,
+        fault_at: int,
+    ) -> int | None:
+        """Tokens up to the fault point, then the fault: the tokens now sent, None if the end."""
+        faults = self.faults
+        if fault == "malformed":
+            # token fault_at - 1 goes out malformed
+            if fault_at - 1 > sent:
+                await resp.write(writer.tokens(sent, fault_at - 1))
+            faults.count("malformed")
+            await resp.write(writer.malformed(faults.cfg.malformed_kind, fault_at - 1))
+            return fault_at
+        if fault_at > sent:
+            await resp.write(writer.tokens(sent, fault_at))
+        if fault == "stall":
+            faults.count("stall")
+            await asyncio.sleep(faults.cfg.stall_s)
+            return fault_at
+        if fault == "drop":
+            faults.count("drop")
+            # Close the connection with no terminating chunk: what a crashing server does.
+            resp.force_close()
+            if request.transport is not None:
+                request.transport.close()
+            return None
+        return fault_at
+
+    async def _exact(
+        self, request: web.Request, req: CompletionRequest, arrived: float, *, chat: bool
+    ) -> web.StreamResponse:
+        """Exact-timing mode: fixed TTFT and ITL by deadline, every chunk stamped."""
+        engine = self.engine
+        cfg = self.cfg
+        try:
+            target, reason = engine.plan_length(req.prompt_tokens, req.max_tokens, req.ignore_eos)
+        except ContextLengthError as exc:
+            return error_response(400, str(exc), "BadRequestError")
+        loop = asyncio.get_running_loop()
+        ttft = (cfg.exact_ttft_ms or 0.0) / 1000.0
+        itl = (cfg.exact_itl_ms or 0.0) / 1000.0
+        seq = Sequence(req.prompt_tokens, target, reason, arrived)
+        seq.offset = engine.rng_offset()
+        metrics = engine.metrics
+        metrics.arrived += 1
+        engine.exact_running += 1
+        try:
+            if not req.stream:
+                await _sleep_until(loop, arrived + ttft + itl * (target - 1))
+                seq.generated = target
+                seq.state = DONE
+                seq.finish_reason = reason
+                self._exact_account(seq, arrived, ttft, itl, loop.time())
+                return await self._whole(req, seq, chat=chat)
+            writer = self._writer(req, seq, chat=chat)
+            resp = web.StreamResponse(headers=SSE_HEADERS)
+            with contextlib.suppress(ConnectionResetError):  # the client left
+                await self._exact_stream(request, resp, writer, arrived, ttft, itl)
+            return resp
+        finally:
+            engine.exact_running -= 1
+
+    async def _exact_stream(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        writer: ChunkWriter,
+        arrived: float,
+        ttft: float,
+        itl: float,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        seq = writer.seq
+        metrics = self.engine.metrics
+        await resp.prepare(request)
+        if writer.chat:
+            await resp.write(stamp(writer.role(), time.time_ns()))
+        target = seq.target
+        for k in range(target):
+            await _sleep_until(loop, arrived + ttft + itl * k)
+            data = writer.tokens(k, k + 1)
+            seq.generated = k + 1
+            await resp.write(stamp(data, time.time_ns()))
+            now = loop.time()
+            if k == 0:
+                metrics.ttft.observe(now - arrived)
+                metrics.prompt_tokens += seq.prompt_tokens
+            else:
+                metrics.itl.observe(now - seq.last_token_t)
+            seq.last_token_t = now
+            metrics.generation_tokens += 1
+        seq.state = DONE
+        seq.finish_reason = seq.target_reason
+        metrics.finished(seq.target_reason, seq.prompt_tokens, target)
+        metrics.e2e.observe(seq.last_token_t - arrived)
+        metrics.queue.observe(0.0)
+        await resp.write(stamp(writer.ending(), time.time_ns()))
+        await resp.write_eof()
+
+    def _exact_account(
+        self, seq: Sequence, arrived: float, ttft: float, itl: float, now: float
+    ) -> None:
+        """/metrics for a whole (non-streamed) exact-timing response."""
+        metrics = self.engine.metrics
+        metrics.ttft.observe(ttft)
+        if seq.generated > 1:
+            metrics.itl.observe(itl, seq.generated - 1)
+        metrics.prompt_tokens += seq.prompt_tokens
+        metrics.generation_tokens += seq.generated
+        metrics.finished(seq.finish_reason or "length", seq.prompt_tokens, seq.generated)
+        metrics.e2e.observe(now - arrived)
+        metrics.queue.observe(0.0)
 
     async def _whole(self, req: CompletionRequest, seq: Sequence, *, chat: bool) -> web.Response:
         while not seq.done:
@@ -392,6 +630,99 @@ class SimServer:
     async def _gpu(self, _request: web.Request) -> web.Response:
         return web.json_response(self.gpu.sample())
 
+    # ---- faults
+
+    async def get_faults(self, _request: web.Request) -> web.Response:
+        return web.json_response(self.faults.snapshot(outage_active=self.outage_active))
+
+    async def post_faults(self, request: web.Request) -> web.Response:
+        """Change fault settings mid-run: loopback peers only (anything else: 403)."""
+        if not is_loopback(request.remote):
+            return error_response(
+                403, "Fault control is only accepted from loopback.", "PermissionDeniedError"
+            )
+        try:
+            changes = json.loads(await request.read())
+        except ValueError as exc:
+            return error_response(400, f"The body is not valid JSON: {exc}", "BadRequestError")
+        if not isinstance(changes, dict):
+            return error_response(400, "The body must be a JSON object.", "BadRequestError")
+        try:
+            cfg = self.faults.cfg.updated(changes)
+        except (TypeError, ValueError) as exc:
+            return error_response(400, str(exc), "BadRequestError")
+        if cfg.outage_s > 0 and self.outage_active:
+            return error_response(409, "An outage is already under way.", "ConflictError")
+        # The outage is an action, not a standing setting: do it, and keep 0 in the settings.
+        outage_s, after_s = cfg.outage_s, cfg.outage_after_s
+        if outage_s > 0:
+            cfg = cfg.updated({"outage_s": 0.0, "outage_after_s": 0.0})
+        self.faults.apply(cfg)
+        if outage_s > 0:
+            if after_s > 0:
+                self.schedule_outage(outage_s, after_s)
+            else:
+                await self.begin_outage(outage_s)  # listening stops before we answer
+        return web.json_response(self.faults.snapshot(outage_active=self.outage_active))
+
+    def schedule_outage(self, seconds: float, after_s: float) -> None:
+        async def later() -> None:
+            await asyncio.sleep(after_s)
+            await self.begin_outage(seconds)
+
+        self._outage_task = asyncio.get_running_loop().create_task(later())
+
+    async def begin_outage(self, seconds: float) -> None:
+        """A restart: stop listening now, drop every connection, listen again after `seconds`."""
+        runner = self.runner
+        if runner is None or self.outage_active:
+            return
+        self.outage_active = True
+        self.faults.count("outage")
+        for site in list(runner.sites):
+            await site.stop()  # closes the listening socket: new connects are refused
+        log.info("simulated outage: not listening for %g s", seconds)
+        self._outage_task = asyncio.get_running_loop().create_task(self._outage(seconds))
+
+    async def _outage(self, seconds: float) -> None:
+        runner = self.runner
+        assert runner is not None
+        try:
+            # Let the answer to whoever asked for this go out first.
+            await asyncio.sleep(0.02)
+            self.faults.count("outage_dropped", self.inflight)
+            if runner.server is not None:
+                for conn in runner.server.connections:
+                    conn.force_close()
+            self.engine.restart()  # a new process: every request gone, counters from zero
+            await asyncio.sleep(max(0.0, seconds - 0.02))
+            site = web.TCPSite(runner, self.host, self.port)
+            await site.start()
+            log.info("simulated outage over: listening again on port %d", self.port)
+        finally:
+            self.outage_active = False
+
+    async def close(self) -> None:
+        task, self._outage_task = self._outage_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+    """Sleep until the loop clock reads `deadline`: a timer to ~1 ms before, then a spin.
+
+    Event-loop timers have millisecond granularity (uvloop's libuv timers, epoll's
+    timeout), so the last stretch is a busy wait: exact to microseconds, at the cost
+    of up to ~1.5 ms of CPU per wake-up.
+    """
+    delay = deadline - loop.time()
+    if delay > 0.0015:
+        await asyncio.sleep(delay - 0.0015)
+    while loop.time() < deadline:
+        pass
+
 
 @dataclass
 class RunningSim:
@@ -419,6 +750,7 @@ class RunningSim:
     async def close(self) -> None:
         # Stop the engine first: every open request ends ("abort"), so handlers return
         # at once and the runner does not wait out its shutdown timeout.
+        await self.server.close()
         await self.server.engine.stop()
         await self._runner.cleanup()
 
@@ -451,6 +783,11 @@ async def start_sim(
     server.engine.start()
     server.gpu.sample()  # anchor the GPU's clock: energy counts from here
     bound = runner.addresses[0][1]
+    server.runner, server.host, server.port = runner, host, bound
+    outage = server.faults.cfg
+    if outage.outage_s > 0:  # asked for at start: one outage, outage_after_s from now
+        server.schedule_outage(outage.outage_s, outage.outage_after_s)
+        server.faults.apply(outage.updated({"outage_s": 0.0, "outage_after_s": 0.0}))
     return RunningSim(host=host, port=bound, server=server, _runner=runner)
 
 
@@ -458,74 +795,83 @@ async def start_sim(
 
 
 def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the simulator's options (defaults from SimConfig) to a parser."""
+    """Add the simulator's options to a parser.
+
+    Model options default to None so that `--profile` can fill them and any flag given
+    still wins; config_from_args resolves them (flag > profile > SimConfig default).
+    """
     d = SimConfig()
     g = parser.add_argument_group("simulator")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     g.add_argument(
         "--port", type=int, default=8000, help="port, 0 for a free one (default %(default)s)"
     )
-    g.add_argument("--model", default=d.model_name, help="served model name (default %(default)s)")
     g.add_argument(
-        "--slots", type=int, default=d.slots, help="max running sequences (default %(default)s)"
+        "--profile",
+        choices=sorted(PROFILES),
+        default=None,
+        help="named settings modelled on a real deployment (loadgen/sim/presets.py); "
+        "every other flag overrides it",
     )
-    g.add_argument(
-        "--kv-tokens",
-        type=int,
-        default=d.kv_tokens,
-        help="KV-cache budget in tokens (default %(default)s)",
-    )
-    g.add_argument(
-        "--step-overhead-ms",
-        type=float,
-        default=d.step_overhead_ms,
-        help="fixed cost of every engine step, ms",
-    )
-    g.add_argument(
-        "--decode-ms-per-seq",
-        type=float,
-        default=d.decode_ms_per_seq,
-        help="step cost per decoding sequence, ms",
-    )
-    g.add_argument(
-        "--prefill-ms-per-token",
-        type=float,
-        default=d.prefill_ms_per_token,
-        help="step cost per prompt token prefilled, ms",
-    )
-    g.add_argument(
-        "--prefill-chunk-tokens",
-        type=int,
-        default=d.prefill_chunk_tokens,
-        help="prefill tokens per step (chunked prefill)",
-    )
-    g.add_argument(
-        "--default-max-tokens",
-        type=int,
-        default=d.default_max_tokens,
-        help="max_tokens when a request names none",
-    )
-    g.add_argument("--mean-output-tokens", type=float, default=d.mean_output_tokens,
-                   help="mean natural output length when ignore_eos is false")  # fmt: skip
-    g.add_argument("--seed", type=int, default=d.seed, help="seed for the natural output lengths")
+
+    def opt(flag: str, dest: str, kind: type, doc: str, **kw: Any) -> None:
+        default = getattr(d, dest)
+        g.add_argument(flag, dest=dest, type=kind, default=None,
+                       help=f"{doc} (default {default})", **kw)  # fmt: skip
+
+    opt("--model", "model_name", str, "served model name")
+    opt("--slots", "slots", int, "max running sequences")
+    opt("--kv-tokens", "kv_tokens", int, "KV-cache budget in tokens")
+    opt("--step-overhead-ms", "step_overhead_ms", float, "fixed cost of every engine step, ms")
+    opt("--decode-ms-per-seq", "decode_ms_per_seq", float, "step cost per decoding sequence, ms")
+    opt("--prefill-ms-per-token", "prefill_ms_per_token", float,
+        "step cost per prompt token prefilled, ms")  # fmt: skip
+    opt("--prefill-chunk-tokens", "prefill_chunk_tokens", int,
+        "prefill tokens per step (chunked prefill)")  # fmt: skip
+    opt("--default-max-tokens", "default_max_tokens", int, "max_tokens when a request names none")
+    opt("--mean-output-tokens", "mean_output_tokens", float,
+        "mean natural output length when ignore_eos is false")  # fmt: skip
+    opt("--seed", "seed", int, "seed for the natural output lengths")
+    opt("--tokens-per-chunk", "tokens_per_chunk", int,
+        "tokens per SSE chunk after the first (chunk batching)")  # fmt: skip
+    opt("--exact-ttft-ms", "exact_ttft_ms", float,
+        "exact-timing mode: every request's TTFT, ms (with --exact-itl-ms)")  # fmt: skip
+    opt("--exact-itl-ms", "exact_itl_ms", float, "exact-timing mode: every inter-token gap, ms")
+    opt("--metrics-dialect", "metrics_dialect", str, "the /metrics names to speak",
+        choices=DIALECTS)  # fmt: skip
+    opt("--gpu-name", "gpu_name", str, "the simulated GPU's name")
+    opt("--gpu-count", "gpu_count", int, "simulated GPUs (tensor parallel)")
+    opt("--gpu-memory-bytes", "gpu_memory_bytes", int, "memory per simulated GPU")
+    opt("--weights-bytes", "weights_bytes", int, "model weights, all GPUs together")
+    opt("--kv-bytes-per-token", "kv_bytes_per_token", int, "KV-cache bytes per token")
+    opt("--idle-power-w", "idle_power_w", float, "simulated GPU idle power, W")
+    opt("--power-limit-w", "power_limit_w", float, "simulated GPU power limit, W")
     g.add_argument("--announce", action="store_true",
                    help=f"print '{ANNOUNCE} <port>' on stdout once listening")  # fmt: skip
     g.add_argument("--exit-with-parent", action="store_true",
                    help="exit when stdin reaches EOF (the parent has gone)")  # fmt: skip
+    add_fault_arguments(parser)
 
 
-# argparse dest -> SimConfig field, where the names differ
+# argparse dest -> SimConfig field, where the names differ (older namespaces)
 _ARG_FIELDS = {"model": "model_name"}
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
-    """A SimConfig from parsed arguments; options the namespace lacks keep their defaults."""
-    known = {f.name for f in fields(SimConfig)}
+    """A SimConfig from parsed arguments: flag > --profile > default. Raises ValueError."""
+    known = {f.name for f in fields(SimConfig)} - {"faults"}
     values: dict[str, Any] = {}
+    name = getattr(args, "profile", None)
+    if name is not None:
+        try:
+            values.update(profile(name))
+        except KeyError as exc:
+            raise ValueError(exc.args[0]) from None
     for dest, value in vars(args).items():
-        name = _ARG_FIELDS.get(dest, dest)
-        if name in known and value is not None:
-            values[name] = value
+        field_name = _ARG_FIELDS.get(dest, dest)
+        if field_name in known and value is not None:
+            values[field_name] = value
+    values["faults"] = faults_from_args(args)
     return SimConfig(**values)
 
 
