@@ -205,24 +205,29 @@ def parse_steps(text: str) -> list[float] | None:
     return steps
 
 
-async def sweep_main(cfg: RunConfig, args: argparse.Namespace, api_key: str | None) -> int:
-    try:
-        steps = parse_steps(args.sweep_steps)
-        coord = Coordinator(msgspec.structs.replace(cfg, concurrency=0, rate=0.0), api_key)
-        await coord.start()
-    except (ConfigError, TargetError) as e:
-        print(f"tokentop sweep: {e}", file=sys.stderr)
-        return 2
+async def run_sweep(cfg: RunConfig, args: argparse.Namespace, api_key: str | None = None,
+                    echo=print) -> list[StepResult]:
+    """Hold each step in turn; raises ConfigError / TargetError before any load."""
+    steps = parse_steps(args.sweep_steps)
+    coord = Coordinator(msgspec.structs.replace(cfg, concurrency=0, rate=0.0), api_key)
+    await coord.start()
     snaps = coord.snapshots()
-    results: list[StepResult] = []
-    print(HEADER, flush=True)
+    echo(HEADER)
     try:
-        results = await _run(coord, snaps, cfg, args, steps)
+        return await _run(coord, snaps, cfg, args, steps, echo)
     finally:
         coord.request_stop("sweep done")
         async for _ in snaps:
             pass
         await coord.close()
+
+
+async def sweep_main(cfg: RunConfig, args: argparse.Namespace, api_key: str | None) -> int:
+    try:
+        results = await run_sweep(cfg, args, api_key, echo=lambda s: print(s, flush=True))
+    except (ConfigError, TargetError) as e:
+        print(f"tokentop sweep: {e}", file=sys.stderr)
+        return 2
     knee = find_knee(results, args.knee_fraction)
     best = best_goodput(results)
     unit = "streams" if cfg.mode == "closed" else "req/s"
@@ -235,7 +240,8 @@ async def sweep_main(cfg: RunConfig, args: argparse.Namespace, api_key: str | No
     return 0 if results else 1
 
 
-async def _run(coord, snaps, cfg: RunConfig, args, steps: list[float] | None) -> list[StepResult]:
+async def _run(coord, snaps, cfg: RunConfig, args, steps: list[float] | None,
+               echo) -> list[StepResult]:
     results: list[StepResult] = []
     op = "set_concurrency" if cfg.mode == "closed" else "set_rate"
     load = 1.0
@@ -248,10 +254,10 @@ async def _run(coord, snaps, cfg: RunConfig, args, steps: list[float] | None) ->
         await coord.control(Control(op=op, value=load, source="cli"))
         result = await _hold(snaps, load, args, bool(coord.parsed.slo))
         results.append(result)
-        print(row(result), flush=True)
+        echo(row(result))
         i += 1
         if result.saturated or result.error_rate > args.max_error_rate:
-            print(f"stopping early: {result.note}", flush=True)
+            echo(f"stopping early: {result.note}")
             break
         if steps is None:
             if i >= AUTO_MAX_STEPS or find_knee(results, args.knee_fraction) is not None:
