@@ -23,6 +23,7 @@ import aiohttp
 import msgspec
 
 from loadgen import hdr, wire
+from loadgen.auto_ramp import AutoRamp
 from loadgen.embedded_sim import EmbeddedSim, SimStartError
 from loadgen.preflight import TargetError, check_url, resolve_model
 from loadgen.run_config import ConfigError, RunConfig, default_workers
@@ -76,6 +77,7 @@ class Coordinator:
         self.pool = WorkerPool(cfg.workers or default_workers())
         self.spec = cfg.load_spec()
         self.ramp = self.parsed.ramp
+        self.auto: AutoRamp | None = None
         self.state = "starting"
         self.target: Target | None = None
         # a resumed run carries its totals on, so cumulative counters never go backwards
@@ -138,6 +140,8 @@ class Coordinator:
         await self._start_workers(base, model)
         if self.ramp is not None:
             self._set_main_value(self.ramp.value_at(0.0))
+        if cfg.auto_ramp:
+            self._start_auto_ramp("cli")
         self.pool.set_load(self.spec)
         self.state = "running"
         workload = self.parsed.workload(cfg, model)
@@ -182,8 +186,12 @@ class Coordinator:
         op, v = msg.op, msg.value
         if op in ("set_concurrency", "add_concurrency", "set_rate", "add_rate") and v is not None:
             self._manual_change(op, v, msg.source)
+        elif op == "auto_ramp":
+            self._start_auto_ramp(msg.source)
+            self.pool.set_load(self.spec)
         elif op == "set_mode" and msg.note in ("closed", "open") and msg.note != self.spec.mode:
             self.ramp = None
+            self.auto = None
             self.spec = msgspec.structs.replace(self.spec, mode=msg.note)
             self.pool.set_load(self.spec)
             self._event("operator", f"switched to {self._load_text()} ({msg.source})")
@@ -196,10 +204,20 @@ class Coordinator:
         elif op == "mark":
             self._event("operator", f"mark: {msg.note or ''}".strip())
 
+    def _start_auto_ramp(self, source: str) -> None:
+        cfg = self.cfg
+        self.ramp = None
+        self.auto = AutoRamp(self.parsed.slos, hold_s=cfg.auto_ramp_hold,
+                             warmup_s=cfg.auto_ramp_warmup)
+        self.spec = msgspec.structs.replace(self.spec, mode="closed", concurrency=self.auto.load)
+        self._event("operator", f"auto-ramp started ({source}): doubling from "
+                    f"{self.auto.load} stream while the SLOs hold ({cfg.slo or 'knee rule'})")
+
     def _manual_change(self, op: str, v: float, source: str) -> None:
         """A manual change takes control back from a ramp."""
-        if self.ramp is not None:
+        if self.ramp is not None or self.auto is not None:
             self.ramp = None
+            self.auto = None
             self._event("operator", f"ramp stopped by a manual change ({source})")
         spec = self.spec
         if op.endswith("concurrency"):
@@ -340,7 +358,9 @@ class Coordinator:
             if failure not in self._reported_failures:
                 self._reported_failures.add(failure)
                 self._event("error", failure, level="error")
-        hist = {m: hdr.encode(hdr.dense_from_sparse(p)) for m, p in sparse.items() if p}
+        dense = {m: hdr.dense_from_sparse(p) for m, p in sparse.items() if p}
+        hist = {m: hdr.encode(d) for m, d in dense.items()}
+        self._step_auto_ramp(elapsed, dense)
         events, self._events = self._events, []
         assert self.target is not None
         cpu = [self._worker_cpu.get(i, 0.0) for i in range(self.pool.n)]
@@ -367,6 +387,17 @@ class Coordinator:
             events=events,
         )
 
+    def _step_auto_ramp(self, elapsed: float, dense: dict) -> None:
+        auto = self.auto
+        if auto is None or auto.settled or self.state != "running":
+            return
+        nxt = auto.observe(elapsed, dense, self.counters)
+        if nxt is None:
+            return
+        self.spec = msgspec.structs.replace(self.spec, concurrency=nxt)
+        self.pool.set_load(self.spec)
+        self._event("run", auto.describe(elapsed))
+
     def _load_state(self) -> LoadState:
         s = self.spec
         open_loop = s.mode == "open"
@@ -376,6 +407,8 @@ class Coordinator:
         note = None
         if self.ramp is not None and self.state == "running":
             note = self.ramp.describe(self._elapsed)
+        elif self.auto is not None:
+            note = self.auto.describe(self._elapsed)
         return LoadState(
             mode=s.mode,
             state=self.state,

@@ -42,6 +42,9 @@ class RunConfig(msgspec.Struct, kw_only=True):
     burstiness: float = 1.0  # gamma shape
     max_in_flight: int | None = None  # open loop cap
     ramp: str | None = None  # see loadgen.ramp
+    auto_ramp: bool = False  # start climbing at once (the console's `a` key does it later)
+    auto_ramp_hold: float = 10.0  # measured seconds per auto-ramp step
+    auto_ramp_warmup: float = 3.0  # unmeasured seconds per auto-ramp step
     # workload
     input_tokens: str = "128"
     output_tokens: str = "128"

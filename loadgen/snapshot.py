@@ -249,7 +249,7 @@ class Control(msgspec.Struct, kw_only=True):
 
     op: set_concurrency (value) | add_concurrency (value, may be negative) |
         set_rate (value, req/s) | add_rate (value) | set_mode (note: closed | open) |
-        pause | resume | stop | mark (note)
+        auto_ramp (climb while the SLOs hold) | pause | resume | stop | mark (note)
     """
 
     op: str
@@ -259,6 +259,6 @@ class Control(msgspec.Struct, kw_only=True):
 
 
 CONTROL_OPS = (
-    "set_concurrency", "add_concurrency", "set_rate", "add_rate", "set_mode",
+    "set_concurrency", "add_concurrency", "set_rate", "add_rate", "set_mode", "auto_ramp",
     "pause", "resume", "stop", "mark",
 )

@@ -104,6 +104,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--max-in-flight", type=_whole(1),
                    help="open loop: cap on requests in flight; the rest wait in a backlog")
     w.add_argument("--ramp", help="linear:FROM:TO:SECONDS or step:START:STEP:SECONDS[:MAX]")
+    w.add_argument("--auto-ramp", action="store_true",
+                   help="double the streams while the --slo holds, settle at the boundary")
+    w.add_argument("--auto-ramp-hold", type=_seconds, default=10.0,
+                   help="measured seconds per auto-ramp step")
     k = p.add_argument_group("workload")
     k.add_argument("--input-tokens", default="128",
                    help="prompt length: 128, uniform:64:256, normal:128:32, lognormal:128:0.5")
