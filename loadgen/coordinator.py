@@ -53,6 +53,8 @@ ERROR_EVENT_EVERY_S = 5.0  # one event per error kind at most this often, with t
 ERROR_RATE_WINDOW_S = 10.0  # --stop-error-rate looks this far back …
 ERROR_RATE_MIN_REQUESTS = 20  # … and needs at least this many requests to judge
 LAG_WARN_MS = 5.0  # event-loop lag that starts to show in latencies
+# errors that mean "the server is not there", as opposed to "the server said no"
+OUTAGE_KINDS = ("connect", "stream_broken", "timeout")
 
 
 class ResumeFrom(msgspec.Struct, kw_only=True):
@@ -104,6 +106,7 @@ class Coordinator:
         self._lag_warned = 0.0
         self._load_started: float | None = None  # elapsed seconds when warm-up ended
         self._elapsed = 0.0
+        self._outage_since: float | None = None
 
     # ---- start -------------------------------------------------------------------------
 
@@ -341,7 +344,9 @@ class Coordinator:
     ) -> Snapshot:
         sparse: dict[str, list] = {m: [] for m in METRICS}
         lag = 0.0
+        tick = Counters()
         for r in reports:
+            tick.add(r.counters)
             self.counters.add(r.counters)
             self._in_flight[r.index] = r.in_flight
             self._backlog[r.index] = r.backlog
@@ -352,6 +357,7 @@ class Coordinator:
             lag = max(lag, r.loop_lag_ms)
             self._note_errors(r)
         self._track_error_rate(t)
+        self._track_outage(t, tick)
         self._flush_error_events(t)
         self._check_client(lag if reports else None, t)
         for failure in self.pool.failures():
@@ -419,8 +425,25 @@ class Coordinator:
             in_flight=sum(self._in_flight.values()),
             backlog=sum(self._backlog.values()),
             warmup=self._load_started is None,
+            outage_since=self._outage_since,
             note=note,
         )
+
+    def _track_outage(self, t: float, tick: Counters) -> None:
+        """Outage: requests fail because the server is not there and none succeed; it ends
+        with the first success. Both ends are events (their gaps give MTTR)."""
+        gone = sum(tick.errors.get(k, 0) for k in OUTAGE_KINDS)
+        server_down = self._server is not None and not self._server.ok
+        if self._outage_since is None:
+            if tick.requests_ok == 0 and (gone > 0 or (server_down and tick.requests_failed)):
+                self._outage_since = t
+                why = f"{gone} requests could not reach the server" if gone else \
+                    "requests fail and /metrics does not answer"
+                self._event("outage", f"outage: {why}", level="error")
+        elif tick.requests_ok > 0:
+            lasted = t - self._outage_since
+            self._outage_since = None
+            self._event("recovery", f"recovered after {lasted:.1f} s: requests succeed again")
 
     def _track_error_rate(self, t: float) -> None:
         c = self.counters

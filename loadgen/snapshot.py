@@ -62,6 +62,7 @@ class LoadState(msgspec.Struct, kw_only=True):
     in_flight: int = 0  # requests sent and not yet finished, all workers
     backlog: int = 0  # requests due but not yet sent (open loop)
     warmup: bool = False  # this tick is warm-up: excluded from results
+    outage_since: float | None = None  # unix time the current outage began (None: no outage)
     note: str | None = None  # e.g. "ramp 8→64, 30 s left"
 
 

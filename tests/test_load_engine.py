@@ -171,3 +171,28 @@ async def test_worker_processes_share_the_load(sim):
         await asyncio.sleep(0)
     finally:
         await finish(coord)
+
+
+async def test_an_outage_and_its_recovery_are_seen(sim):
+    import aiohttp
+
+    coord = await started(RunConfig(url=sim.url, concurrency=4, output_tokens="20",
+                                    workers=1, tick=0.25, drain_grace=0.5))
+    root = sim.url.removesuffix("/v1")
+    events = []
+    try:
+        await run_until(coord, lambda s: s.counters.requests_ok > 4)
+        async with aiohttp.ClientSession() as http:
+            r = await http.post(f"{root}/sim/faults", json={"outage_s": 2})
+            assert r.status == 200
+        start = await run_until(coord, lambda s: s.load.outage_since is not None)
+        events += start.events
+        end = await run_until(coord, lambda s: s.load.outage_since is None, max_ticks=40)
+        events += end.events
+    finally:
+        await finish(coord)
+    kinds = [e.kind for e in events]
+    assert "outage" in kinds and "recovery" in kinds
+    recovery = next(e for e in events if e.kind == "recovery")
+    lasted = float(recovery.message.split("after ")[1].split(" s")[0])
+    assert 1.0 <= lasted <= 6.0
