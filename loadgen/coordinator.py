@@ -439,7 +439,7 @@ class Coordinator:
                 self._outage_since = t
                 why = f"{gone} requests could not reach the server" if gone else \
                     "requests fail and /metrics does not answer"
-                self._event("outage", f"outage: {why}", level="error")
+                self._event("outage", f"outage started: {why}", level="error")
         elif tick.requests_ok > 0:
             lasted = t - self._outage_since
             self._outage_since = None

@@ -134,6 +134,10 @@ class SnapshotWindows:
             self._first = (self.last.t, self.last.counters)
             self._counters.append(self._first)
 
+    def dense(self, name: str) -> dict[str, np.ndarray]:
+        """The window's summed histograms (dense counts, µs), by metric; do not modify."""
+        return self._rolling[name].dense
+
     def stats(self, name: str) -> WindowStats:
         span = WINDOWS[name]
         dense = self._rolling[name].dense
@@ -163,11 +167,9 @@ class SnapshotWindows:
 
 def _rates(start, end) -> dict:
     if not start or not end or end[0] - start[0] <= 0:
-        return dict(
-            output_tok_s=None, input_tok_s=None, req_s=None, err_s=None,
-            requests_ok=end[1].requests_ok if end else 0,
-            requests_failed=end[1].requests_failed if end else 0,
-        )
+        # no time covered yet (just started, or just reset): nothing counted, no rates
+        return dict(output_tok_s=None, input_tok_s=None, req_s=None, err_s=None,
+                    requests_ok=0, requests_failed=0)
     dt = end[0] - start[0]
     a, b = start[1], end[1]
     errors = {k: v - a.errors.get(k, 0) for k, v in b.errors.items() if v - a.errors.get(k, 0)}

@@ -17,10 +17,12 @@ from loadgen.snapshot import (
     ClientSample,
     Control,
     Counters,
+    Event,
     GpuSample,
     GpuStatus,
     HostSample,
     LoadState,
+    ProcessSample,
     ServerMetrics,
     Snapshot,
     Target,
@@ -66,7 +68,27 @@ def make_gpu(index: int, tick: int, *, simulated: bool = True) -> GpuSample:
         power_limit_w=700.0,
         temperature_c=66.0 + index,
         energy_j=1000.0 * (tick + 1),
+        sm_clock_mhz=1980.0 - 15 * index,
+        mem_clock_mhz=2619.0,
+        # the last GPU of a multi-GPU box is held back by its power cap
+        throttle_reasons=["power cap"] if index == 3 else [],
+        pcie_tx_kbs=20_480.0,
+        pcie_rx_kbs=40_960.0,
+        ecc_corrected=0,
+        ecc_uncorrected=0,
     )
+
+
+# events the engine raised at some ticks (only during that tick, as a live run does)
+EVENTS: dict[int, list[Event]] = {
+    0: [Event(t=T0 + 1, kind="run", message="run started: closed loop, 64 streams")],
+    3: [Event(t=T0 + 4, kind="operator", message="concurrency 54 → 64 (key)")],
+    6: [Event(t=T0 + 7, kind="error", level="error",
+              message="3× timeout: no token for 30 s")],
+    9: [Event(t=T0 + 10, kind="probe", level="warn",
+              message="server /metrics: connection refused")],
+    10: [Event(t=T0 + 11, kind="probe", message="server /metrics answering again")],
+}
 
 
 def make_snapshot(
@@ -85,6 +107,7 @@ def make_snapshot(
     counters = Counters(
         requests_ok=10 * tick,
         requests_failed=tick // 2,
+        requests_good=9 * tick,
         output_tokens=2_000 * tick,
         input_tokens=8_000 * tick,
         chunks=2_000 * tick,
@@ -100,6 +123,8 @@ def make_snapshot(
             waiting=7.0 if server_ok else None,
             running=57.0 if server_ok else None,
             kv_cache_usage=0.625 if server_ok else None,
+            preemptions_total=3.0 if server_ok else None,
+            latency_ms={"ttft": {"p50": 80.0, "p99": 370.0}} if server_ok else {},
             scrape_ms=3.0,
         )
     gpu = GpuStatus(
@@ -135,7 +160,10 @@ def make_snapshot(
             mem_total_bytes=64 * GIB,
             load1=3.25,
         ),
+        process=ProcessSample(pid=4242, name="vllm", found_by="port", rss_bytes=9 * GIB,
+                              cpu_pct=97.0, rss_slope_mb_h=12.0),
         client=ClientSample(workers=2, cpu_pct=84.0, loop_lag_ms=1.5),
+        events=list(EVENTS.get(i, [])),
     )
 
 

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 from textual.pilot import Pilot
 
 from loadgen.engine_process import EngineProcess
 from loadgen.run_config import RunConfig
 from tui.app import TokentopApp
+
+
+@pytest.fixture(autouse=True)
+def _no_user_config(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
 
 
 async def until(pilot: Pilot, cond: Callable[[], bool], seconds: float = 20.0) -> None:
@@ -35,11 +41,14 @@ async def test_keys_drive_the_real_engine_and_metrics_reach_the_load_panel(sim):
         last = lambda: app.windows.last  # noqa: E731
         await until(pilot, lambda: last() is not None and last().load.in_flight == 13)
         await until(pilot, lambda: last().server is not None and last().server.waiting == 5)
-        await until(pilot, lambda: "waiting 5" in str(app.query_one("#load").render()))
-        assert "running 8" in str(app.query_one("#load").render())
+        await until(pilot, lambda: "waiting 5" in app.query_one("#load").plain)
+        assert "running 8" in app.query_one("#load").plain
         await pilot.press("minus")
         await until(pilot, lambda: last().load.target_concurrency == 12)
         source = app.source
+        await pilot.press("q")  # load is running: asks first
+        await pilot.pause(0.2)
+        assert source.proc.returncode is None
         await pilot.press("q")
         await until(pilot, lambda: source.proc is not None and source.proc.returncode is not None)
     # the load stopped with the console: nothing is left running on the server
@@ -64,3 +73,26 @@ async def test_unreachable_target_is_shown_in_the_console():
         assert "cannot reach http://127.0.0.1:9/v1" in app.error
         await until(pilot, lambda: "cannot reach" in str(app.query_one("#header").render()))
         await pilot.press("q")
+
+
+async def test_brackets_raise_in_flight_to_20_and_p_pauses_and_resumes(sim):
+    cfg = RunConfig(url=sim.url, concurrency=0, output_tokens="64", workers=1, tick=0.25,
+                    drain_grace=1.0)
+    app = TokentopApp(EngineProcess(cfg), refresh=0.1)
+    last = lambda: app.windows.last  # noqa: E731
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: last() is not None)
+        await pilot.press("]", "]")
+        await until(pilot, lambda: last().load.target_concurrency == 20)
+        await until(pilot, lambda: last().load.in_flight == 20)
+        await until(pilot, lambda: "in flight 20" in app.query_one("#load").plain)
+        await pilot.press("p")
+        await until(pilot, lambda: last().load.state == "paused")
+        await until(pilot, lambda: last().load.in_flight == 0)
+        await until(pilot, lambda: "paused" in str(app.query_one("#header").render()))
+        await pilot.press("p")
+        await until(pilot, lambda: last().load.state == "running")
+        await until(pilot, lambda: last().load.in_flight == 20)
+        source = app.source
+        await pilot.press("q", "q")
+        await until(pilot, lambda: source.proc is not None and source.proc.returncode is not None)

@@ -13,6 +13,7 @@ from loadgen.snapshot import ServerMetrics
 from tui.app import TokentopApp
 from tui.format import fmt_bytes, fmt_elapsed, fmt_ms, fmt_rate
 from tui.help_screen import HelpScreen
+from tui.widgets import Panel
 
 SIZE = (80, 24)
 N = 12
@@ -33,7 +34,16 @@ async def wait_drawn(pilot: Pilot, app: TokentopApp, seq: int = N - 1) -> None:
 
 def text(app: TokentopApp, selector: str) -> str:
     widget: Widget = app.query_one(selector)
+    if isinstance(widget, Panel):
+        return widget.plain
     return str(widget.render())
+
+
+@pytest.fixture(autouse=True)
+def _no_user_config(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Never read or write the real ~/.config; never inherit NO_COLOR."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("NO_COLOR", raising=False)
 
 
 def held(n: int = N, **kwargs: object) -> ScriptedSource:
@@ -53,8 +63,8 @@ async def test_panels_show_the_scripted_values() -> None:
         load = text(app, "#load")
         assert "concurrency 64" in load
         assert "waiting 7" in load and "running 57" in load
-        assert "KV cache 62.5%" in load
-        assert "timeout 6" in load
+        assert "KV cache 62.5%" in text(app, "#host")
+        assert "timeout 0.50/s" in load
         assert "61.1/80.0 GiB" in text(app, "#gpu")
         assert "GPU · simulated" in app.query_one("#gpu").border_title
         assert "2,000" in text(app, "#throughput")
@@ -100,6 +110,10 @@ async def test_q_closes_the_source_and_exits() -> None:
     app = TokentopApp(src, refresh=0.05)
     async with app.run_test(size=SIZE) as pilot:
         await wait_drawn(pilot, app, 1)
+        await pilot.press("q")  # load is running: the first q only asks
+        await pilot.pause(0.05)
+        assert not src.closed and app.return_code is None
+        assert any("press q again" in n.message for n in app._notifications)
         await pilot.press("q")
         await wait_until(pilot, lambda: app.return_code is not None)
     assert src.closed
@@ -139,7 +153,7 @@ async def test_unknown_server_values_show_na() -> None:
         await wait_drawn(pilot, app, 2)
         load = text(app, "#load")
         assert "n/a" in load and "connection refused" in load
-        assert "KV cache n/a" in load
+        assert "KV cache n/a" in text(app, "#host")
     # the same rendering for a missing and an unknown server, directly
     from tui.widgets.load_panel import server_line
 

@@ -1,19 +1,35 @@
-"""Pictures of the main screen at the three target sizes, default theme, scripted data.
+"""Pictures of the main screen at the three target sizes, in each of the four themes, on
+scripted data (with SLOs, so the latency cells are coloured).
 
 The scripted source holds after its last Snapshot (as a live run does), and
 each picture waits until that Snapshot is on screen, so the pictures do not
-depend on timing.
+depend on timing. Event timestamps are shown in UTC here, whatever the machine's zone.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from scripted_source import ScriptedSource, make_snapshots
 from textual.pilot import Pilot
 
+from themes import THEME_NAMES
 from tui.app import TokentopApp
 
 N = 12
+SLO = "ttft_p99<300ms,tpot<50ms,e2e<10s"
+
+
+@pytest.fixture(autouse=True)
+def _utc_and_no_user_config(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("TZ", "UTC")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
 
 
 async def _final_snapshot_drawn(pilot: Pilot) -> None:
@@ -24,15 +40,19 @@ async def _final_snapshot_drawn(pilot: Pilot) -> None:
             break
         await pilot.pause(0.01)
     assert app.drawn_seq == N - 1, "the last scripted Snapshot never reached the screen"
+    app.redraw_now()  # the events panel knows its height only after the first layout
     await pilot.pause()
 
 
+@pytest.mark.parametrize(
+    "theme", THEME_NAMES, ids=[t.removeprefix("tokentop-") for t in THEME_NAMES]
+)
 @pytest.mark.parametrize(
     ("size", "gpus"),
     [((80, 24), 1), ((120, 40), 2), ((200, 60), 4)],
     ids=["80x24", "120x40", "200x60"],
 )
-def test_main_screen(snap_compare, size: tuple[int, int], gpus: int) -> None:
+def test_main_screen(snap_compare, size: tuple[int, int], gpus: int, theme: str) -> None:
     source = ScriptedSource(make_snapshots(N, gpus=gpus), hold=True)
-    app = TokentopApp(source, theme="tokentop-dark", refresh=0.05)
+    app = TokentopApp(source, theme=theme, refresh=0.05, slo=SLO)
     assert snap_compare(app, terminal_size=size, run_before=_final_snapshot_drawn)

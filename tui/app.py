@@ -2,8 +2,9 @@
 
 The app never measures anything. Load runs elsewhere (worker processes, a
 replay, a fleet agent); this process only reads Snapshots, folds them into
-windows, and redraws at most once per `refresh` seconds, so a slow terminal
-or a slow SSH link can never show up as inter-token latency.
+windows and history rings, and redraws at most once per `refresh` seconds, in
+one batch, only the panels whose text changed, so a slow terminal or a slow
+SSH link can never show up as inter-token latency.
 """
 
 from __future__ import annotations
@@ -11,11 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
+import threading
+import time
+from collections import deque
 from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
@@ -23,12 +29,18 @@ from textual.containers import Grid
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from loadgen.snapshot import Control, Snapshot
+from loadgen.run_config import ConfigError, Slos, parse_slos
+from loadgen.snapshot import Control, Event, Snapshot, to_json
 from loadgen.source import SnapshotSource, SourceError
-from loadgen.windows import SnapshotWindows
+from loadgen.windows import WINDOWS, SnapshotWindows
 from themes import DEFAULT_THEME, MONO_THEME, THEME_NAMES, register_themes
+from tui.config import load_config, save_setting
+from tui.format import fmt_ms
 from tui.help_screen import HelpScreen
+from tui.history import History
+from tui.screens import DETAIL_SCREENS, DetailScreen, InputModal
 from tui.widgets import (
+    EventsPanel,
     GpuPanel,
     HeaderBar,
     HostPanel,
@@ -38,13 +50,24 @@ from tui.widgets import (
     ThroughputPanel,
     View,
 )
+from tui.widgets.gpu_panel import BENIGN_REASONS
+from tui.widgets.latency_panel import WINDOW_NAMES
 
-# the windows the panels read; computed once per refresh, shared by all panels
-SHOWN_WINDOWS = ("10s", "1m", "run")
+# the latency windows `w` cycles through
+WINDOW_CYCLE = tuple(WINDOWS)  # 10s, 1m, 10m, run
+# the windows the panels always read; computed once per refresh, shared by all panels
+BASE_WINDOWS = ("10s", "1m", "run")
 # how long `q` waits for in-flight requests to drain before it gives up and exits
 CLOSE_TIMEOUT_S = 30.0
+# after the terminal hangs up: how long the load may take to stop before we exit anyway
+HANGUP_CLOSE_S = 3.0
+HANGUP_HARD_EXIT_S = 8.0
+# a second `q` within this many seconds stops the load and quits
+QUIT_CONFIRM_S = 10.0
+TPJ_WINDOW_S = 10.0
 
-CONCURRENCY_KEYS: tuple[tuple[str, str, int], ...] = (
+# key, shown key, step: closed loop changes concurrency, open loop changes the rate (req/s)
+STEP_KEYS: tuple[tuple[str, str, int], ...] = (
     ("plus", "+", 1),
     ("minus", "-", -1),
     ("right_square_bracket", "]", 10),
@@ -52,56 +75,127 @@ CONCURRENCY_KEYS: tuple[tuple[str, str, int], ...] = (
 )
 
 
-def _concurrency_binding(key: str, display: str, step: int) -> Binding:
+def _step_binding(key: str, display: str, step: int) -> Binding:
     return Binding(
         key,
-        f"add_concurrency({step})",
+        f"step({step})",
         f"{step:+d}".replace("-", "−"),
         key_display=display,
-        tooltip=f"concurrency {step:+d}",
+        tooltip=f"concurrency {step:+d} (open loop: rate {step:+d} req/s)",
     )
 
 
-def pick_theme(requested: str | None, no_color: bool) -> str:
+def terminal_has_colours() -> bool:
+    """False for a terminal that says it has fewer than 8 colours (or TERM=dumb)."""
+    term = os.environ.get("TERM", "")
+    if term == "dumb":
+        return False
+    try:
+        import curses
+
+        curses.setupterm(term or None)
+        colours = curses.tigetnum("colors")
+    except Exception:  # no terminfo: assume colours rather than guess grey
+        return True
+    return colours < 0 or colours >= 8
+
+
+def pick_theme(
+    requested: str | None, no_color: bool, remembered: str | None = None
+) -> str:
+    """--theme wins; then NO_COLOR (or a colourless terminal); then the config file."""
     if requested:
         return requested
-    return MONO_THEME if no_color else DEFAULT_THEME
+    if no_color:
+        return MONO_THEME
+    return remembered or DEFAULT_THEME
 
 
 class TokentopApp(App[None]):
     # absolute, so that a subclass in another module (a test, a plugin) still finds it
     CSS_PATH = Path(__file__).with_name("app.tcss")
     TITLE = "tokentop"
-    # the grid reflows from two columns to three; tall screens show the 1 m latency too
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (120, "-wide")]
+    # the grid reflows from two columns to three; tall screens show the charts
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [
+        (0, "-narrow"), (120, "-wide"), (180, "-xwide")
+    ]
     VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-short"), (36, "-tall")]
     BINDINGS: ClassVar[list[BindingType]] = [
-        *(_concurrency_binding(*k) for k in CONCURRENCY_KEYS),
-        Binding("question_mark", "help", "Help", key_display="?", tooltip="this help"),
-        Binding("q", "quit", "Quit", tooltip="stop the load cleanly and quit"),
+        *(_step_binding(*k) for k in STEP_KEYS),
+        Binding("equals_sign", "set_exact", "set", key_display="=",
+                tooltip="type an exact concurrency (open loop: rate)"),
+        Binding("m", "toggle_mode", "mode", tooltip="switch closed loop / open loop"),
+        Binding("p", "pause", "pause", tooltip="pause / resume the load"),
+        Binding("a", "auto_ramp", "auto", show=False,
+                tooltip="auto-ramp: double the streams while the SLOs hold, settle at the edge"),
+        Binding("w", "cycle_window", "window", tooltip="latency window: 10 s, 1 min, 10 min, run"),
+        Binding("r", "reset", "reset", show=False, tooltip="reset the windows (start from now)"),
+        Binding("t", "cycle_theme", "theme", show=False, tooltip="next theme (remembered)"),
+        Binding("e", "mark", "mark", show=False, tooltip="mark an event with a note"),
+        Binding("s", "save", "save", show=False,
+                tooltip="save a screenshot (SVG) and the Snapshot (JSON)"),
+        Binding("d", "detail('distribution')", "dist", show=False,
+                tooltip="latency distribution (percentile curve)"),
+        Binding("g", "detail('gpus')", "GPUs", show=False, tooltip="per-GPU detail"),
+        Binding("x", "detail('errors')", "errors", show=False,
+                tooltip="errors by kind, last messages"),
+        Binding("v", "detail('snapshot')", "raw", show=False, tooltip="the full Snapshot as text"),
+        Binding("question_mark", "help", "help", key_display="?", tooltip="this help"),
+        Binding("q", "quit", "quit", tooltip="stop the load and quit (asks once if running)"),
     ]
 
     def __init__(
-        self, source: SnapshotSource, *, theme: str | None = None, refresh: float = 0.5
+        self,
+        source: SnapshotSource,
+        *,
+        theme: str | None = None,
+        refresh: float = 0.5,
+        slo: str | None = None,
+        save_dir: Path | str | None = None,
     ) -> None:
         # Textual removes NO_COLOR from the environment in App.__init__: read it first
-        no_color = bool(os.environ.get("NO_COLOR"))
+        no_color = bool(os.environ.get("NO_COLOR")) or not terminal_has_colours()
         super().__init__()
         self.source = source
         self.refresh_s = refresh
+        self.save_dir = Path(save_dir) if save_dir is not None else None
         self.windows = SnapshotWindows()
+        self.history = History()
+        self.window = "10s"
+        self._warnings: list[str] = []
+        settings, warning = load_config()
+        if warning:
+            self._warnings.append(warning)
+        remembered = settings.get("theme")
         register_themes(self)
-        self._requested_theme = pick_theme(theme, no_color)
+        self._requested_theme = pick_theme(
+            theme, no_color, remembered if isinstance(remembered, str) else None
+        )
         self.theme = (
             self._requested_theme if self._requested_theme in self.available_themes
             else DEFAULT_THEME
         )
+        self.slos: Slos | None = None
+        if slo:
+            try:
+                self.slos = parse_slos(slo)
+            except ConfigError as e:
+                self._warnings.append(f"SLOs not shown: {e}")
         self.error: str | None = None
         self.ended = False  # the source's iterator finished (or failed)
         self.drawn_seq: int | None = None  # seq of the Snapshot on screen, for tests and debugging
+        self.error_events: deque[Event] = deque(maxlen=12)
+        self.saved: list[Path] = []
+        self._energy: deque[tuple[float, float, int]] = deque()
+        self._slo_failing: set[str] = set()
+        self._throttled: dict[int, frozenset[str]] = {}
+        self._pending_events: list[Event] = []
         self._dirty = False
         self._quitting = False
+        self._quit_asked_at: float | None = None
         self._source_closed = False
+        self._close_timeout = CLOSE_TIMEOUT_S
+        self._hangup = False
 
     # ---------------------------------------------------------------- layout
 
@@ -113,7 +207,8 @@ class TokentopApp(App[None]):
             yield ThroughputPanel(id="throughput")
             yield HostPanel(id="host")
             yield GpuPanel(id="gpu")
-        yield Footer()
+        yield EventsPanel(id="events")
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         if self._requested_theme != self.theme:
@@ -122,7 +217,12 @@ class TokentopApp(App[None]):
                 f"Themes: {', '.join(THEME_NAMES)}",
                 severity="warning",
             )
+        for warning in self._warnings:
+            self.notify(warning, severity="warning", timeout=10)
         self.set_interval(self.refresh_s, self._refresh_screen, name="refresh")
+        if not self.is_headless:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_hangup)
         self._consume()
 
     def _description(self) -> str:
@@ -132,7 +232,7 @@ class TokentopApp(App[None]):
 
     @work(exclusive=True, exit_on_error=False, group="source")
     async def _consume(self) -> None:
-        """Start the source and fold every Snapshot into the windows; drawing happens on a timer."""
+        """Start the source and fold every Snapshot in; drawing happens on a timer."""
         try:
             await self.source.start()
             async for snap in self.source.snapshots():
@@ -148,49 +248,288 @@ class TokentopApp(App[None]):
         self._refresh_screen()
 
     def _take(self, snap: Snapshot) -> None:
+        """Fold one Snapshot in: windows, history rings, events. No drawing here."""
         self.windows.add(snap)
+        bucket_done = self.history.add(snap, self.windows)
+        c = snap.counters
+        energy = [g.energy_j for g in snap.gpu.gpus if g.energy_j is not None and not g.lost]
+        if energy:
+            self._energy.append((snap.t, sum(energy), c.output_tokens))
+            while len(self._energy) > 2 and self._energy[1][0] <= snap.t - TPJ_WINDOW_S:
+                self._energy.popleft()
+        self._throttle_events(snap)
+        self._add_events(snap.events)
+        if bucket_done:
+            self._slo_events(snap, self.history.last_latency)
+        self._dirty = True
+
+    @property
+    def outage(self) -> bool:
+        """The engine says the server is unreachable (LoadState.outage_since)."""
+        snap = self.windows.last
+        return snap is not None and snap.load.outage_since is not None and not self.ended
+
+    def _add_events(self, events: list[Event]) -> None:
+        if not events:
+            return
+        self._pending_events.extend(events)
+        self.error_events.extend(e for e in events if e.kind == "error" or e.level == "error")
+
+    def _note(self, kind: str, message: str, level: str = "info", t: float | None = None) -> None:
+        """An event the console itself raises (SLO breach, throttling, operator notes)."""
+        self._add_events([Event(t=t or time.time(), kind=kind, level=level, message=message)])
         self._dirty = True
 
     def _fail(self, message: str) -> None:
         self.error = message
         self.notify(message, title="source error", severity="error", timeout=10)
 
+    # ---------------------------------------------------------- derived state
+
+    def _slo_events(self, snap: Snapshot, latency: dict) -> None:
+        """Whole-run latency thresholds checked on the 10 s window at each History bucket."""
+        if self.slos is None:
+            return
+        for th in self.slos.thresholds:
+            if th.stat is None:
+                continue
+            summary = latency.get(th.metric)
+            value = summary.get(th.stat) if summary else None
+            if value is None:
+                continue
+            failing = not th.passes(value)
+            if failing and th.text not in self._slo_failing:
+                self._slo_failing.add(th.text)
+                self._note("slo", f"SLO breach: {th.text} ({th.stat.upper()} {fmt_ms(value)}, "
+                           "last 10 s)", "warn", t=snap.t)
+            elif not failing and th.text in self._slo_failing:
+                self._slo_failing.discard(th.text)
+                self._note("slo", f"SLO met again: {th.text} ({fmt_ms(value)})", t=snap.t)
+
+    def _throttle_events(self, snap: Snapshot) -> None:
+        for g in snap.gpu.gpus:
+            if g.throttle_reasons is None:
+                continue
+            bad = frozenset(r for r in g.throttle_reasons if r not in BENIGN_REASONS)
+            before = self._throttled.get(g.index, frozenset())
+            if bad != before:
+                self._throttled[g.index] = bad
+                if bad:
+                    self._note("gpu", f"GPU {g.index} throttled: {', '.join(sorted(bad))}",
+                               "warn", t=snap.t)
+                elif before:
+                    self._note("gpu", f"GPU {g.index} clocks no longer held back", t=snap.t)
+
+    def tokens_per_joule(self) -> float | None:
+        if len(self._energy) < 2:
+            return None
+        (_, e0, n0), (_, e1, n1) = self._energy[0], self._energy[-1]
+        return (n1 - n0) / (e1 - e0) if e1 > e0 else None
+
+    def window_dense(self, name: str) -> dict[str, np.ndarray]:
+        """The summed histograms of a window (for the distribution screen)."""
+        return self.windows.dense(name)
+
+    def load_running(self) -> bool:
+        snap = self.windows.last
+        if snap is None or self.ended or self._source_closed:
+            return False
+        return snap.load.state in ("starting", "running", "draining")
+
     # -------------------------------------------------------------- drawing
 
+    def redraw_now(self) -> None:
+        self._dirty = True
+        self._refresh_screen()
+
     def _refresh_screen(self) -> None:
-        """Redraw every panel in one batch, only if something new arrived since the last draw."""
+        """Redraw in one batch, only if something new arrived since the last draw."""
         if not self._dirty:
             return
         self._dirty = False
         snap = self.windows.last
-        header = self.query_one(HeaderBar)
+        screen = self.screen
         with self.batch_update():
-            header.show(snap, description=self._description(), ended=self.ended, error=self.error)
+            view = None
             if snap is not None:
-                view = View(snap=snap, stats={w: self.windows.stats(w) for w in SHOWN_WINDOWS})
+                names = dict.fromkeys((*BASE_WINDOWS, self.window))
+                stats = {w: self.windows.stats(w) for w in names}
+                tpj = self.tokens_per_joule()
+                view = View(
+                    snap=snap, stats=stats, window=self.window, history=self.history,
+                    slos=self.slos, outage=self.outage,
+                    derived={"tok_per_j": tpj} if tpj is not None else {},
+                )
+            events = self.query_one(EventsPanel)
+            if self._pending_events:
+                events.add(self._pending_events)
+                self._pending_events = []
+            for header in screen.query(HeaderBar):
+                header.show(snap, description=self._description(), ended=self.ended,
+                            error=self.error, outage=self.outage)
+            if isinstance(screen, DetailScreen):
+                screen.draw(self)
+                self._dirty_main = True
+            elif view is not None and screen is self.screen_stack[0]:
                 for panel in self.query(Panel):
                     panel.show(view)
+            if snap is not None:
                 self.drawn_seq = snap.seq
+
+    def on_screen_resume(self) -> None:
+        self.redraw_now()
 
     # -------------------------------------------------------------- actions
 
-    async def action_add_concurrency(self, step: int) -> None:
-        msg = Control(op="add_concurrency", value=float(step), source="key")
+    def _open_loop(self) -> bool:
+        snap = self.windows.last
+        return snap is not None and snap.load.mode == "open"
+
+    async def _send(self, msg: Control, done: str | None) -> bool:
         try:
             await self.source.control(msg)
         except Exception as exc:  # a refused control is news for the operator, not a crash
-            self.notify(f"concurrency {step:+d} failed: {exc}", severity="error")
+            self.notify(f"{msg.op} failed: {exc}", severity="error")
+            return False
+        if done:
+            self.notify(done, timeout=2)
+        return True
+
+    async def action_step(self, step: int) -> None:
+        if self._open_loop():
+            await self._send(Control(op="add_rate", value=float(step), source="key"),
+                             f"rate {step:+d} req/s")
+        else:
+            await self._send(Control(op="add_concurrency", value=float(step), source="key"),
+                             f"concurrency {step:+d}")
+
+    # kept for scripts and the palette of older versions
+    async def action_add_concurrency(self, step: int) -> None:
+        await self._send(Control(op="add_concurrency", value=float(step), source="key"),
+                         f"concurrency {step:+d}")
+
+    def action_set_exact(self) -> None:
+        open_loop = self._open_loop()
+        what = "rate (requests per second)" if open_loop else "concurrency (streams)"
+        snap = self.windows.last
+        current = ""
+        if snap is not None:
+            current = (f"{snap.load.target_rate or 0:g}" if open_loop
+                       else str(snap.load.target_concurrency))
+
+        def check(text: str) -> str | None:
+            try:
+                value = float(text)
+            except ValueError:
+                return f"{text!r} is not a number"
+            if value < 0 or value != value or value == float("inf"):
+                return "must be a number of 0 or more"
+            if not open_loop and not value.is_integer():
+                return "concurrency is a whole number of streams"
+            return None
+
+        async def apply(text: str | None) -> None:
+            if text is None:
+                return
+            value = float(text)
+            op = "set_rate" if open_loop else "set_concurrency"
+            shown = f"rate {value:g} req/s" if open_loop else f"concurrency {value:.0f}"
+            await self._send(Control(op=op, value=value, source="key"), shown)
+
+        self.push_screen(
+            InputModal(f"Set {what}", "a number", check, value=current, placeholder=current),
+            apply,
+        )
+
+    async def action_toggle_mode(self) -> None:
+        new = "closed" if self._open_loop() else "open"
+        await self._send(Control(op="set_mode", note=new, source="key"), f"switching to {new} loop")
+
+    async def action_auto_ramp(self) -> None:
+        await self._send(Control(op="auto_ramp", source="key"),
+                         "auto-ramp: climbing while the SLOs hold (any load key stops it)")
+
+    async def action_pause(self) -> None:
+        snap = self.windows.last
+        if snap is not None and snap.load.state == "paused":
+            await self._send(Control(op="resume", source="key"), "resuming the load")
+        else:
+            await self._send(Control(op="pause", source="key"), "pausing the load")
+
+    def action_cycle_window(self) -> None:
+        i = WINDOW_CYCLE.index(self.window)
+        self.window = WINDOW_CYCLE[(i + 1) % len(WINDOW_CYCLE)]
+        self.notify(f"latency window: {WINDOW_NAMES[self.window]}", timeout=2)
+        self.redraw_now()
+
+    def action_reset(self) -> None:
+        self.windows.reset()
+        self.history.reset()
+        self._note("operator", "windows reset (r): statistics start from now")
+        self.notify("windows reset", timeout=2)
+        self.redraw_now()
+
+    def action_cycle_theme(self) -> None:
+        i = THEME_NAMES.index(self.theme) if self.theme in THEME_NAMES else -1
+        self.theme = THEME_NAMES[(i + 1) % len(THEME_NAMES)]
+        warning = save_setting("theme", self.theme)
+        if warning:
+            self.notify(warning, severity="warning")
+        else:
+            self.notify(f"theme {self.theme}", timeout=2)
+
+    def action_mark(self) -> None:
+        async def apply(text: str | None) -> None:
+            if text is not None:
+                await self._send(Control(op="mark", note=text, source="key"), f"marked: {text}")
+
+        self.push_screen(
+            InputModal("Mark an event", "a note for the log (may be empty)", lambda _t: None),
+            apply,
+        )
+
+    def action_save(self) -> None:
+        folder = self.save_dir or Path.cwd()
+        stem = f"tokentop-{time.strftime('%Y%m%d-%H%M%S')}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            svg = Path(self.save_screenshot(filename=f"{stem}.svg", path=str(folder)))
+            paths = [svg]
+            snap = self.windows.last
+            if snap is not None:
+                js = folder / f"{stem}.json"
+                js.write_bytes(to_json(snap))
+                paths.append(js)
+        except OSError as e:
+            self.notify(f"cannot save in {folder}: {e.strerror or e}", severity="error")
             return
-        self.notify(f"concurrency {step:+d}", timeout=2)
+        self.saved.extend(paths)
+        self.notify("saved " + " and ".join(str(p) for p in paths), timeout=6)
+
+    def action_detail(self, name: str) -> None:
+        kind = DETAIL_SCREENS[name]
+        if isinstance(self.screen, kind):
+            return
+        if isinstance(self.screen, DetailScreen):
+            self.pop_screen()
+        self.push_screen(kind())
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(self.BINDINGS))
 
     async def action_quit(self) -> None:
-        """Stop the load cleanly, then exit; a second `q` while draining exits at once."""
+        """Stop the load cleanly, then exit. While load runs, the first `q` only asks; a `q`
+        while draining exits at once."""
         if self._quitting:
             self.exit()
+            return
+        now = time.monotonic()
+        asked = self._quit_asked_at is not None and now - self._quit_asked_at < QUIT_CONFIRM_S
+        if self.load_running() and not asked:
+            self._quit_asked_at = now
+            self.notify("load is running: press q again to stop it and quit",
+                        severity="warning", timeout=QUIT_CONFIRM_S)
             return
         self._quitting = True
         self.notify("stopping the load…", timeout=CLOSE_TIMEOUT_S)
@@ -203,20 +542,54 @@ class TokentopApp(App[None]):
         self._source_closed = True
         # exiting anyway: the user asked to leave, and a failed drain must not trap them
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.source.close(), CLOSE_TIMEOUT_S)
+            await asyncio.wait_for(self.source.close(), self._close_timeout)
+
+    def _on_hangup(self) -> None:
+        """The terminal went away (SSH dropped, tmux killed): stop the load quickly and exit.
+        A watchdog makes sure the process is gone within seconds whatever happens."""
+        if self._hangup:
+            return
+        self._hangup = True
+        self._close_timeout = HANGUP_CLOSE_S
+
+        def hard_exit() -> None:
+            time.sleep(HANGUP_HARD_EXIT_S)
+            os._exit(129)
+
+        threading.Thread(target=hard_exit, name="hangup-watchdog", daemon=True).start()
+        self.exit(return_code=129)
 
     async def on_unmount(self) -> None:
-        # any other way out (ctrl+c, a crash in Textual) still stops the load
+        # any other way out (ctrl+c, a crash in Textual, a hang-up) still stops the load
         await self._close_source()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        """Put the console's own keys in the command palette beside Textual's (whose "Quit" is
+        """The console's own keys in the command palette beside Textual's (whose "Quit" is
         our action_quit, so it drains the load too)."""
         yield from super().get_system_commands(screen)
-        for _key, display, step in CONCURRENCY_KEYS:
+        for _key, display, step in STEP_KEYS:
             yield SystemCommand(
-                f"Concurrency {step:+d}",
-                f"Change the target concurrency by {step:+d} (key {display})",
-                partial(self.action_add_concurrency, step),
+                f"Load {step:+d}",
+                f"Concurrency {step:+d} (open loop: rate {step:+d} req/s) (key {display})",
+                partial(self.action_step, step),
             )
-        yield SystemCommand("Help", "List the keys (key ?)", self.action_help)
+        commands = (
+            ("Set exact load", "Type a concurrency or rate (key =)", self.action_set_exact),
+            ("Switch loop mode", "Closed loop ⇄ open loop (key m)", self.action_toggle_mode),
+            ("Pause / resume", "Pause or resume the load (key p)", self.action_pause),
+            ("Cycle latency window", "10 s, 1 min, 10 min, run (key w)", self.action_cycle_window),
+            ("Reset windows", "Statistics start from now (key r)", self.action_reset),
+            ("Next theme", "Cycle the tokentop themes (key t)", self.action_cycle_theme),
+            ("Mark an event", "Add a note to the event log (key e)", self.action_mark),
+            ("Save screenshot", "SVG + Snapshot JSON (key s)", self.action_save),
+            ("Latency distribution", "Percentile curve (key d)",
+             partial(self.action_detail, "distribution")),
+            ("GPU detail", "Every GPU field (key g)", partial(self.action_detail, "gpus")),
+            ("Errors", "Errors by kind, last messages (key x)",
+             partial(self.action_detail, "errors")),
+            ("Raw Snapshot", "The latest Snapshot as text (key v)",
+             partial(self.action_detail, "snapshot")),
+            ("Help", "List the keys (key ?)", self.action_help),
+        )
+        for title, help_text, callback in commands:
+            yield SystemCommand(title, help_text, callback)

@@ -182,7 +182,8 @@ def console_parser(prog: str = "tokentop") -> argparse.ArgumentParser:
     add_run_arguments(p)
     ui = p.add_argument_group("console")
     ui.add_argument("--theme", help="tokentop-dark (default), tokentop-light, "
-                    "tokentop-high-contrast, tokentop-mono")
+                    "tokentop-high-contrast, tokentop-mono; `t` cycles them in the console "
+                    "and the choice is remembered in ~/.config/tokentop/config.toml")
     ui.add_argument("--refresh", type=_seconds, default=0.5, help="seconds between redraws")
     return p
 
@@ -232,7 +233,7 @@ def _console(args: argparse.Namespace) -> int:
         print("tokentop: --json is written by headless runs; add --headless", file=sys.stderr)
         return 2
     source = EngineProcess(run_config(args), _api_key(args))
-    app = TokentopApp(source, theme=args.theme, refresh=args.refresh)
+    app = TokentopApp(source, theme=args.theme, refresh=args.refresh, slo=args.slo)
     app.run()
     return app.return_code or 0
 

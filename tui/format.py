@@ -6,6 +6,8 @@ so every formatter takes `None` and returns `missing` ("n/a" unless told).
 
 from __future__ import annotations
 
+from textual.content import Content, Span
+
 NA = "n/a"
 NO_SAMPLES = "–"  # a latency window with no samples: nothing measured, not unknown
 
@@ -115,3 +117,119 @@ def literal(text: str) -> str:
     """
     text = text.replace("[", "\\[")
     return text + " " if text.endswith("\\") else text
+
+
+def fmt_clock(t: float | None, missing: str = NA) -> str:
+    """Local wall-clock time of a unix timestamp: 14:03:27."""
+    if t is None:
+        return missing
+    import time
+
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def fmt_si(x: float | None, missing: str = NA) -> str:
+    """A chart axis value in three characters or so: 950, 1.2k, 34k, 1.5M."""
+    if x is None:
+        return missing
+    ax = abs(x)
+    if ax < 10:
+        return f"{x:.1f}".rstrip("0").rstrip(".") if ax else "0"
+    if ax < 1000:
+        return f"{x:.0f}"
+    if ax < 10_000:
+        return f"{x / 1e3:.1f}k"
+    if ax < 1_000_000:
+        return f"{x / 1e3:.0f}k"
+    return f"{x / 1e6:.1f}M"
+
+
+# ------------------------------------------------------------------ markup → Content
+
+def tidy(markup: str) -> Content:
+    """Markup as Content, with every run of blanks kept out of the *start* of a styled run.
+
+    A terminal draws "label 63" the same whichever style the blank has. SVG viewers
+    do not: librsvg (rsvg-convert) drops the leading blanks of a <text> element, and
+    Textual's screenshots start a new <text> at every style change, so "[dim]label[/] 63"
+    shows as "label63" in a picture. Blanks after a styled run join that run (a
+    foreground-only style is invisible on a blank), blanks at the start of a run leave
+    it, and a line's leading blanks get a style of their own, so no run starts blank.
+    """
+    content = Content.from_markup(markup)
+    text = content.plain
+    n = len(text)
+    spans: list[Span] = []
+    for s in content.spans:
+        start, end = s.start, s.end
+        while start < end and text[start] == " ":
+            start += 1
+        if start >= end:
+            continue
+        if _blank_safe(s.style):
+            while end < n and text[end] == " ":
+                end += 1
+        spans.append(Span(start, end, s.style))
+    # leading blanks of each line: a style nothing else uses, so they stay their own run
+    pos = 0
+    for line in text.split("\n"):
+        stripped = len(line) - len(line.lstrip(" "))
+        if 0 < stripped < len(line):
+            spans.insert(0, Span(pos, pos + stripped, _INDENT_STYLE))
+        pos += len(line) + 1
+    return Content(text, spans)
+
+
+_INDENT_STYLE = "$background"
+
+
+def _blank_safe(style: object) -> bool:
+    text = str(style)
+    return not any(word in text for word in (" on ", "on $", "reverse", "underline", "strike"))
+
+
+# ------------------------------------------------------------------ charts in text
+
+BLOCKS = " ▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float | None], vmax: float | None = None) -> str:
+    """One row of block characters, one per value (None: a blank)."""
+    known = [v for v in values if v is not None]
+    top = vmax if vmax else (max(known) if known else 0.0)
+    out = []
+    for v in values:
+        if v is None:
+            out.append(" ")
+        elif top <= 0:
+            out.append(BLOCKS[1] if v is not None else " ")
+        else:
+            out.append(BLOCKS[max(1, min(8, round(v / top * 8)))])
+    return "".join(out)
+
+
+def block_rows(values: list[float | None], height: int, vmax: float) -> list[str]:
+    """`height` rows of block characters, top row first; each column is one value."""
+    rows = []
+    full = height * 8
+    eighths = [
+        0 if v is None or vmax <= 0 or v <= 0 else max(1, min(full, round(v / vmax * full)))
+        for v in values
+    ]
+    for r in range(height):
+        base = (height - 1 - r) * 8
+        rows.append("".join(BLOCKS[min(8, max(0, e - base))] for e in eighths))
+    return rows
+
+
+def nice_max(x: float) -> float:
+    """The chart's top: 1, 2 or 5 times a power of ten at or above `x`."""
+    if x <= 0:
+        return 1.0
+    import math
+
+    p = 10 ** math.floor(math.log10(x))
+    for m in (1, 2, 5, 10):
+        if x <= m * p:
+            return m * p
+    return 10 * p

@@ -16,7 +16,8 @@ def help_text(bindings: list[BindingType]) -> Content:
     # Content, not markup: the keys themselves are "[" and "]"
     lines = []
     for b in bindings:
-        if not isinstance(b, Binding) or not b.show:
+        # every key with a tooltip, including those the footer leaves out for room
+        if not isinstance(b, Binding) or not (b.tooltip or b.show):
             continue
         key = (b.key_display or b.key).rjust(5)
         lines.append(Content.assemble((key, "bold $accent"), "  ", b.tooltip or b.description))
@@ -62,7 +63,8 @@ class HelpScreen(ModalScreen[None]):
             box.border_title = "tokentop keys"
             yield Static(help_text(self._keys), id="help-keys")
             yield Static(
-                "ctrl+p  command palette (themes, keys)\nescape  close this help", id="help-foot"
+                "ctrl+p  command palette (every key above, and Textual's own)\n"
+                "escape  close this help; escape also leaves a detail screen", id="help-foot"
             )
 
     def action_close(self) -> None:

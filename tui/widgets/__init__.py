@@ -1,5 +1,7 @@
 """The main screen's panels, one widget per module."""
 
+from tui.widgets.chart import Chart
+from tui.widgets.events_panel import EventsPanel
 from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.header_bar import HeaderBar
 from tui.widgets.host_panel import HostPanel
@@ -9,6 +11,8 @@ from tui.widgets.panel import Panel, View
 from tui.widgets.throughput_panel import ThroughputPanel
 
 __all__ = [
+    "Chart",
+    "EventsPanel",
     "GpuPanel",
     "HeaderBar",
     "HostPanel",

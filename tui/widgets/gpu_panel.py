@@ -1,4 +1,5 @@
-"""GPUs: one line each (memory bar, utilisation, power, temperature), or why there are none."""
+"""GPUs: one line each (memory bar, utilisation, power, temperature, clocks, throttling),
+or why there are none; tokens per joule in the title."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from tui.widgets.panel import Panel, View
 MUTED = "$foreground-muted"
 HOT_C = 85.0  # where most datacentre GPUs start to throttle
 MEM_FULL = 0.95
+# clock-event reasons that are not a slowdown worth a warning
+BENIGN_REASONS = {"idle", "applications clocks setting", "display clocks setting", "sync boost"}
 
 
 def short_name(name: str, width: int) -> str:
@@ -42,38 +45,84 @@ def temperature(g: GpuSample) -> str:
     return f"[$warning]{text}[/]" if g.temperature_c >= HOT_C else text
 
 
-def gpu_line(g: GpuSample, width: int, tag_simulated: bool) -> str:
-    # fixed parts: index 2, memory 14, util 6, power 10, temperature 4, gaps
+def clocks(g: GpuSample) -> str:
+    sm = NA if g.sm_clock_mhz is None else f"{g.sm_clock_mhz:.0f}"
+    if g.mem_clock_mhz is None:
+        return f"[{MUTED}]SM[/] {sm} MHz"
+    return f"[{MUTED}]SM[/] {sm} [{MUTED}]mem[/] {g.mem_clock_mhz:.0f} MHz"
+
+
+def throttle(g: GpuSample) -> str:
+    """The reasons in words; slowdowns in the warning colour."""
+    if g.throttle_reasons is None:
+        return ""
+    bad = [r for r in g.throttle_reasons if r not in BENIGN_REASONS]
+    if bad:
+        return f"[b $warning]throttled: {literal(', '.join(bad))}[/]"
+    if g.throttle_reasons:
+        return f"[{MUTED}]{literal(', '.join(g.throttle_reasons))}[/]"
+    return f"[{MUTED}]no throttling[/]"
+
+
+def extras(g: GpuSample) -> str:
+    parts = [clocks(g)]
+    if g.pcie_tx_kbs is not None and g.pcie_rx_kbs is not None:
+        tx, rx = g.pcie_tx_kbs / 1024, g.pcie_rx_kbs / 1024
+        parts.append(f"[{MUTED}]PCIe[/] ↑{tx:.0f} ↓{rx:.0f} MB/s")
+    if g.ecc_uncorrected:
+        parts.append(f"[b $error]ECC uncorrected {g.ecc_uncorrected}[/]")
+    reasons = throttle(g)
+    if reasons:
+        parts.append(reasons)
+    return "  ".join(parts)
+
+
+def gpu_line(g: GpuSample, width: int, tag_simulated: bool, two_lines: bool) -> str:
+    if g.lost:
+        why = literal(g.message or "fell off the bus")
+        return f"[b]{g.index}[/] {literal(short_name(g.name, 12))} [b $error]lost: {why}[/]"
+    # fixed parts: index 2, memory 14, util 11, power 10, temperature 4, gaps
     name_w = 12 if width < 90 else 22
-    bar_w = max(6, min(40, width - name_w - 46))
+    bar_w = max(6, min(40, width - name_w - 50))
     parts = [
         f"[b]{g.index}[/] {literal(short_name(g.name, name_w).ljust(name_w))}",
         bar(g.memory_used_bytes, g.memory_total_bytes, bar_w),
         fmt_bytes_pair(g.memory_used_bytes, g.memory_total_bytes).rjust(14),
-        f"[{MUTED}]util[/] {fmt_pct(g.utilization_pct):>6}",
+        f"[{MUTED}]util[/] {fmt_pct(g.utilization_pct):>5}",
         power(g).rjust(10),
         temperature(g),
     ]
     line = " ".join(parts)
     if tag_simulated and g.simulated:
         line += " [$accent]simulated[/]"
+    more = extras(g)
+    if two_lines:
+        line += f"\n{' ' * (name_w + 3)}{more}"
+    else:
+        # one line: the slowdown matters more than the clock, so it goes first
+        reasons = throttle(g)
+        line += f"  {reasons}" if "throttled" in reasons else f"  {clocks(g)}"
     return line
 
 
-def gpu_lines(status: GpuStatus, width: int) -> tuple[bool, list[str]]:
+def gpu_lines(status: GpuStatus, width: int, two_lines: bool = False) -> tuple[bool, list[str]]:
     """(all simulated, lines); a missing GPU is said in words, never as an empty panel."""
     if status.source == "none" or not status.gpus:
         why = status.message or ("no GPU data" if status.source == "none" else "no GPUs found")
         return False, [f"[$warning]{literal(why)}[/]"]
     all_sim = status.source == "simulated" or all(g.simulated for g in status.gpus)
     # when every GPU is simulated the title says so once; mixed sets tag each row
-    return all_sim, [gpu_line(g, width, not all_sim) for g in status.gpus]
+    return all_sim, [gpu_line(g, width, not all_sim, two_lines) for g in status.gpus]
 
 
 class GpuPanel(Panel):
     TITLE = "GPU"
 
     def render_view(self, view: View, width: int) -> tuple[str, str]:
-        all_sim, lines = gpu_lines(view.snap.gpu, width)
+        two = self._tall() and len(view.snap.gpu.gpus) <= 4
+        all_sim, lines = gpu_lines(view.snap.gpu, width, two)
         title = f"{self.TITLE} · simulated" if all_sim else self.TITLE
+        tpj = view.derived.get("tok_per_j")
+        if isinstance(tpj, float):
+            title += f" · {tpj:.2f} tok/J"
         return title, "\n".join(lines)

@@ -1,11 +1,11 @@
-"""The top line: run state, elapsed, load mode, what we are pointed at, and any source error."""
+"""The top line: run state, elapsed, load mode, engine, what we are pointed at, any source error."""
 
 from __future__ import annotations
 
 from textual.widgets import Static
 
 from loadgen.snapshot import Snapshot
-from tui.format import fmt_elapsed, literal
+from tui.format import fmt_elapsed, literal, tidy
 
 MUTED = "$foreground-muted"
 STATE_COLOURS = {
@@ -15,16 +15,31 @@ STATE_COLOURS = {
     "draining": "$warning",
     "stopped": "$foreground-muted",
     "error": "$error",
+    "outage": "$error",
 }
 
 
 def state_badge(state: str) -> str:
     colour = STATE_COLOURS.get(state, "$foreground")
-    return f"[b {colour}]● {literal(state)}[/]"
+    style = f"b reverse {colour}" if state == "outage" else f"b {colour}"
+    return f"[{style}]● {literal(state)}[/]"
+
+
+def load_mode(snap: Snapshot) -> str:
+    load = snap.load
+    if load.mode == "open":
+        rate = "?" if load.target_rate is None else f"{load.target_rate:g}"
+        return f"open {rate} req/s"
+    return f"closed c={load.target_concurrency}"
 
 
 def header_markup(
-    snap: Snapshot | None, *, description: str, ended: bool, error: str | None
+    snap: Snapshot | None,
+    *,
+    description: str,
+    ended: bool,
+    error: str | None,
+    outage: bool = False,
 ) -> str:
     """State first: on a narrow terminal the URL is what gets cut, not the run state."""
     state = "error" if error and snap is None else "stopped" if ended else None
@@ -32,11 +47,15 @@ def header_markup(
         badge = state_badge(state or "starting")
         line = f"[b]tokentop[/]  {badge}  [{MUTED}]{literal(description)}[/]"
     else:
+        run_state = state or ("outage" if outage else snap.load.state)
         sim = "  [b $accent]simulated[/]" if snap.target.simulated else ""
+        warm = "  [b $warning]warm-up[/]" if snap.load.warmup else ""
+        engine = snap.server.engine if snap.server is not None and snap.server.engine else None
+        eng = f"  [{MUTED}]engine[/] {literal(engine)}" if engine else ""
         line = (
-            f"[b]tokentop[/]  {state_badge(state or snap.load.state)}"
-            f"  {fmt_elapsed(snap.elapsed)}  [{MUTED}]{literal(snap.load.mode)}[/]{sim}"
-            f"  [b]{literal(snap.target.model)}[/] [{MUTED}]@[/] {literal(snap.target.url)}"
+            f"[b]tokentop[/]  {state_badge(run_state)}"
+            f"  {fmt_elapsed(snap.elapsed)}  [{MUTED}]{literal(load_mode(snap))}[/]{warm}{sim}"
+            f"{eng}  [b]{literal(snap.target.model)}[/] [{MUTED}]@[/] {literal(snap.target.url)}"
         )
     if error:
         line += f"\n[b $error]✖ {literal(error)}[/]"
@@ -67,8 +86,11 @@ class HeaderBar(Static):
         description: str,
         ended: bool = False,
         error: str | None = None,
+        outage: bool = False,
     ) -> None:
-        markup = header_markup(snap, description=description, ended=ended, error=error)
+        markup = header_markup(
+            snap, description=description, ended=ended, error=error, outage=outage
+        )
         if markup != self._markup:
             self._markup = markup
-            self.update(markup)
+            self.update(tidy(markup))

@@ -1,15 +1,24 @@
-"""Host and client health: if the load generator saturates, its latencies are suspect."""
+"""Host, server process and client health: if the load generator saturates, its numbers are
+suspect; if the server's RSS keeps climbing, a long soak will end badly."""
 
 from __future__ import annotations
 
-from loadgen.snapshot import ClientSample, HostSample
-from tui.format import fmt_bytes_pair, fmt_ms, fmt_num, fmt_pct
+from loadgen.snapshot import ClientSample, HostSample, ProcessSample, ServerMetrics
+from loadgen.windows import WindowStats
+from tui.format import fmt_bytes, fmt_bytes_pair, fmt_count, fmt_ms, fmt_num, fmt_pct, literal
 from tui.widgets.panel import Panel, View
 
 MUTED = "$foreground-muted"
 LAG_WARN_MS = 5.0  # a lag this long shows up in measured ITL
 CPU_WARN_PER_WORKER = 90.0  # one worker near a full core queues its own chunks
+RSS_GROWTH_WARN_MB_H = 100.0
+KV_WARN = 95.0
 WIDE_AT = 56
+LABEL_W = 7
+
+
+def lbl(text: str) -> str:
+    return f"[{MUTED}]{text}[/] "
 
 
 def _warn(text: str, warn: bool) -> str:
@@ -20,8 +29,8 @@ def host_parts(h: HostSample | None) -> tuple[str, str]:
     h = h or HostSample()
     cores = f" [{MUTED}]×{h.cpu_count}[/]" if h.cpu_count else ""
     load = f"{h.load1:.2f}" if h.load1 is not None else fmt_num(None)
-    cpu = f"[{MUTED}]CPU[/] {fmt_pct(h.cpu_pct)}{cores}  [{MUTED}]load[/] {load}"
-    ram = f"[{MUTED}]RAM[/] {fmt_bytes_pair(h.mem_used_bytes, h.mem_total_bytes)}"
+    cpu = f"{lbl('CPU')}{fmt_pct(h.cpu_pct)}{cores}  {lbl('load')}{load}"
+    ram = f"{lbl('RAM')}{fmt_bytes_pair(h.mem_used_bytes, h.mem_total_bytes)}"
     return cpu, ram
 
 
@@ -31,27 +40,80 @@ def client_parts(c: ClientSample) -> tuple[str, str]:
     lag_us = None if c.loop_lag_ms is None else c.loop_lag_ms * 1000.0
     lag_hot = c.loop_lag_ms is not None and c.loop_lag_ms > LAG_WARN_MS
     workers = f"{c.workers} worker" + ("" if c.workers == 1 else "s")
-    cpu = f"{workers}  [{MUTED}]CPU[/] {_warn(fmt_pct(c.cpu_pct), cpu_hot)}"
-    lag = f"[{MUTED}]loop lag[/] {_warn(fmt_ms(lag_us), lag_hot)}"
+    cpu = f"{workers}  {lbl('CPU')}{_warn(fmt_pct(c.cpu_pct), cpu_hot)}"
+    lag = f"{lbl('loop lag')}{_warn(fmt_ms(lag_us), lag_hot)}"
+    if cpu_hot or lag_hot:
+        lag += "  [b $warning]saturated[/]"
     return cpu, lag
 
 
+def process_parts(p: ProcessSample | None) -> tuple[str, str]:
+    if p is None:
+        return f"[{MUTED}]process not found[/]", ""
+    rss = f"{lbl('RSS')}{fmt_bytes(p.rss_bytes)}"
+    if p.rss_slope_mb_h is not None:
+        trend = f"{p.rss_slope_mb_h:+.0f} MB/h"
+        rss += " " + _warn(trend, p.rss_slope_mb_h > RSS_GROWTH_WARN_MB_H)
+    cpu = f"{lbl('CPU')}{fmt_pct(p.cpu_pct)}"
+    name = f" [{MUTED}]{literal(p.name or '')} {p.pid}[/]" if p.name else f" [{MUTED}]{p.pid}[/]"
+    return rss, cpu + name
+
+
+def kv_part(server: ServerMetrics | None) -> str:
+    ok = server is not None and server.ok
+    usage = server.kv_cache_usage if ok and server is not None else None
+    pct = None if usage is None else usage * 100.0
+    line = f"{lbl('KV cache')}{_warn(fmt_pct(pct), pct is not None and pct >= KV_WARN)}"
+    if ok and server is not None:
+        pre = server.preemptions_total
+        line += f"  {lbl('preempt')}{fmt_count(pre)}"
+        if server.restarts:
+            line += f"  [$warning]restarts {server.restarts}[/]"
+    return line
+
+
+def ttft_part(server: ServerMetrics | None, ten: WindowStats | None) -> str:
+    """Server-side vs client-side TTFT (P50): the gap is the network, the proxy, or the client."""
+    srv = None
+    if server is not None and server.ok:
+        srv_ms = server.latency_ms.get("ttft", {}).get("p50")
+        srv = None if srv_ms is None else srv_ms * 1000.0
+    summary = ten.latency.get("ttft") if ten else None
+    cli = summary.get("p50") if summary else None
+    return f"{lbl('TTFT P50 srv/cli')}{fmt_ms(srv)} / {fmt_ms(cli, missing='–')}"
+
+
 class HostPanel(Panel):
-    TITLE = "Host · client"
+    TITLE = "Host · server · client"
 
     def render_view(self, view: View, width: int) -> tuple[str, str]:
-        host_cpu, host_ram = host_parts(view.snap.host)
-        client_cpu, client_lag = client_parts(view.snap.client)
-        host = f"[b]{'host':<7}[/]"
-        client = f"[b]{'client':<7}[/]"
+        snap = view.snap
+        host_cpu, host_ram = host_parts(snap.host)
+        rss, pcpu = process_parts(snap.process)
+        client_cpu, client_lag = client_parts(snap.client)
+        kv = kv_part(snap.server)
+        ttft = ttft_part(snap.server, view.stats.get("10s"))
+        host = f"[b]{'host':<{LABEL_W}}[/]"
+        server = f"[b]{'server':<{LABEL_W}}[/]"
+        client = f"[b]{'client':<{LABEL_W}}[/]"
+        pad = f"[{MUTED}]{'':<{LABEL_W}}[/]"
         if width >= WIDE_AT:
-            lines = [f"{host}{host_cpu}  {host_ram}", f"{client}{client_cpu}  {client_lag}"]
+            lines = [
+                f"{host}{host_cpu}  {host_ram}",
+                f"{server}{rss}  {pcpu}".rstrip(),
+                f"{pad}{kv}",
+                f"{pad}{ttft}",
+                f"{client}{client_cpu}  {client_lag}",
+            ]
         else:
-            pad = " " * 7
             lines = [
                 f"{host}{host_cpu}",
                 f"{pad}{host_ram}",
+                f"{server}{rss}",
+                f"{pad}{kv}",
                 f"{client}{client_cpu}",
                 f"{pad}{client_lag}",
             ]
+            if self._tall():
+                lines.insert(4, f"{pad}{ttft}")
         return self.TITLE, "\n".join(lines)

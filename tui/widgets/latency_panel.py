@@ -1,37 +1,78 @@
-"""Latency: TTFT / ITL / TPOT / E2E percentiles over the last 10 s (and 1 m when tall)."""
+"""Latency: TTFT / ITL / TPOT / E2E percentiles over the window the user picks (`w`).
+
+With --slo, a cell is red when its limit is broken and green when met: a
+whole-run threshold (`ttft_p99<1s`) colours its own cell; a per-request limit
+(`ttft<500ms`) colours the P99 cell of that metric when no threshold names it.
+"""
 
 from __future__ import annotations
 
+from textual.app import ComposeResult
+
 from loadgen.hdr import Summary
+from loadgen.run_config import Slos
 from loadgen.windows import WindowStats
 from tui.format import NO_SAMPLES, fmt_ms
+from tui.widgets.chart import Chart
 from tui.widgets.panel import Panel, View
 
 MUTED = "$foreground-muted"
 ROWS = (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2E"))
-NARROW_COLS = (("p50", "P50"), ("p90", "P90"), ("p99", "P99"), ("max", "max"))
-# with room to spare, the far tail and the mean and sample count join in
-WIDE_COLS = (*NARROW_COLS[:3], ("p99.9", "P99.9"), ("max", "max"), ("mean", "mean"))
-LABEL_W = 5
+COLS = (("p50", "P50"), ("p90", "P90"), ("p99", "P99"), ("p99.9", "P99.9"), ("max", "max"))
+# with room to spare, the mean and the sample count join in
+WIDE_COLS = (*COLS, ("mean", "mean"))
+LABEL_W = 4
 COL_W = 8
 WIDE_AT = LABEL_W + COL_W * len(WIDE_COLS) + 8
+WINDOW_NAMES = {"10s": "10 s", "1m": "1 min", "10m": "10 min", "run": "whole run"}
 
 
-def _cell(summary: Summary | None, key: str) -> str:
+def slo_limit(slos: Slos | None, metric: str, stat: str) -> tuple[str, float] | None:
+    """(op, µs) that the cell (metric, stat) must meet, or None."""
+    if slos is None:
+        return None
+    for th in slos.thresholds:
+        if th.metric == metric and th.stat == stat:
+            return th.op, th.value
+    per = slos.per_request
+    if stat == "p99" and per is not None:
+        limit = getattr(per, f"{metric}_us", None)
+        if limit is not None:
+            return "<=", limit
+    return None
+
+
+def _passes(op: str, value: float, limit: float) -> bool:
+    return {"<": value < limit, "<=": value <= limit, ">": value > limit,
+            ">=": value >= limit}[op]
+
+
+def cell(summary: Summary | None, metric: str, key: str, slos: Slos | None) -> str:
     value = summary.get(key) if summary else None
     text = fmt_ms(value, missing=NO_SAMPLES).rjust(COL_W)
+    limit = slo_limit(slos, metric, key)
+    if limit is not None and value is not None:
+        colour = "$success" if _passes(limit[0], value, limit[1]) else "$error"
+        return f"[b {colour}]{text}[/]" if key == "p99" else f"[{colour}]{text}[/]"
     # P99 is what an SLO usually names: make it the column the eye lands on
     return f"[b]{text}[/]" if key == "p99" and value is not None else text
 
 
-def table(stats: WindowStats | None, cols: tuple[tuple[str, str], ...], wide: bool) -> list[str]:
+def table(
+    stats: WindowStats | None,
+    cols: tuple[tuple[str, str], ...],
+    wide: bool,
+    slos: Slos | None = None,
+) -> list[str]:
     header = f"{'':{LABEL_W}}" + "".join(name.rjust(COL_W) for _, name in cols)
     if wide:
         header += "n".rjust(COL_W)
     lines = [f"[{MUTED}]{header}[/]"]
     for metric, label in ROWS:
         summary = stats.latency.get(metric) if stats else None
-        line = f"[b]{label.ljust(LABEL_W)}[/]" + "".join(_cell(summary, k) for k, _ in cols)
+        line = f"[b]{label.ljust(LABEL_W)}[/]" + "".join(
+            cell(summary, metric, k, slos) for k, _ in cols
+        )
         if wide:
             count = summary.get("count", 0) if summary else 0
             line += f"[{MUTED}]{count:>{COL_W},}[/]"
@@ -39,19 +80,47 @@ def table(stats: WindowStats | None, cols: tuple[tuple[str, str], ...], wide: bo
     return lines
 
 
+def slo_line(slos: Slos | None, width: int) -> str | None:
+    if slos is None or (slos.per_request is None and not slos.thresholds):
+        return None
+    parts = []
+    per = slos.per_request
+    if per is not None:
+        for metric in ("ttft", "tpot", "e2e"):
+            v = getattr(per, f"{metric}_us", None)
+            if v is not None:
+                parts.append(f"{metric}<{fmt_ms(v).replace(' ', '')}")
+    parts += [th.text for th in slos.thresholds if th.stat is not None]
+    text = "SLO " + ", ".join(parts)
+    return f"[{MUTED}]{text[:width]}[/]"
+
+
 class LatencyPanel(Panel):
     TITLE = "Latency"
 
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._slo_limit: float | None = None
+
+    def compose_extra(self) -> ComposeResult:
+        yield Chart("ttft_p99", "TTFT P99 ms (10 s)", rows=4, colour="$primary",
+                    fmt=lambda ms: fmt_ms(None if ms is None else ms * 1000.0, missing="–"),
+                    limit=lambda: self._slo_limit,
+                    classes="chart", id="latency-chart")
+
     def render_view(self, view: View, width: int) -> tuple[str, str]:
         wide = width >= WIDE_AT
-        cols = WIDE_COLS if wide else NARROW_COLS
-        lines = table(view.stats.get("10s"), cols, wide)
-        title = f"{self.TITLE} · last 10 s"
-        if self._tall():
-            lines.append(f"[{MUTED}]last 1 min[/]")
-            lines.extend(table(view.stats.get("1m"), cols, wide)[1:])
+        cols = WIDE_COLS if wide else COLS
+        lines = table(view.stats.get(view.window), cols, wide, view.slos)
+        title = f"{self.TITLE} · {WINDOW_NAMES.get(view.window, view.window)} (w)"
+        slo = slo_line(view.slos, width)
+        if slo:
+            lines.append(slo)
+        limit = slo_limit(view.slos, "ttft", "p99")
+        self._slo_limit = limit[1] / 1000.0 if limit else None  # the chart is in ms
         return title, "\n".join(lines)
 
-    def _tall(self) -> bool:
-        # the screen carries a "-tall" class (App.VERTICAL_BREAKPOINTS) when there are rows to spare
-        return self.is_attached and self.screen.has_class("-tall")
+    def show_extra(self, view: View, width: int) -> None:
+        chart = self.query_one(Chart)
+        if chart.display:
+            chart.show(view.history, width)

@@ -1,63 +1,79 @@
-"""Load: what we ask for (target concurrency), what is in flight, and what the server queues."""
+"""Load: what we ask for (target concurrency or rate), in flight, backlog, server queue, rates."""
 
 from __future__ import annotations
 
 from loadgen.snapshot import ServerMetrics, Snapshot
 from loadgen.windows import WindowStats
-from tui.format import NA, fmt_count, fmt_num, fmt_pct, fmt_rate, literal
+from tui.format import NA, fmt_count, fmt_num, fmt_rate, literal
+from tui.widgets.chart import spark_markup
 from tui.widgets.panel import Panel, View
 
 MUTED = "$foreground-muted"
+# the error kinds that mean "the server is not answering", for the outage rule
+OUTAGE_KINDS = ("connect", "stream_broken")
+
+
+def lbl(text: str) -> str:
+    return f"[{MUTED}]{text}[/] "
+
+
+def target_line(snap: Snapshot) -> str:
+    load = snap.load
+    if load.mode == "open":
+        rate = NA if load.target_rate is None else f"{load.target_rate:g}"
+        arrival = f" {literal(load.arrival)}" if load.arrival else ""
+        cap = f"  {lbl('cap')}{load.max_in_flight}" if load.max_in_flight else ""
+        return f"{lbl('rate')}[b $accent]{rate}[/] req/s[{MUTED}]{arrival}[/]{cap}"
+    return f"{lbl('concurrency')}[b $accent]{load.target_concurrency}[/]"
 
 
 def server_line(server: ServerMetrics | None) -> str:
     """Server waiting/running; "n/a" (never 0) when there is no scrape or it failed."""
     if server is None:
-        return f"[{MUTED}]server[/]  waiting {NA}  running {NA}"
+        return f"{lbl('server')} {lbl('waiting')}{NA}  {lbl('running')}{NA}"
     if not server.ok:
         why = literal(server.error or "scrape failed")
-        return f"[{MUTED}]server[/]  {NA} [$warning]({why})[/]"
+        return f"{lbl('server')} {NA} [$warning]({why})[/]"
     return (
-        f"[{MUTED}]server[/]  waiting [b]{fmt_num(server.waiting)}[/]"
-        f"  running [b]{fmt_num(server.running)}[/]"
+        f"{lbl('server')} {lbl('waiting')}[b]{fmt_num(server.waiting)}[/]"
+        f"  {lbl('running')}[b]{fmt_num(server.running)}[/]"
     )
-
-
-def kv_line(server: ServerMetrics | None) -> str:
-    usage = server.kv_cache_usage if server is not None and server.ok else None
-    pct = None if usage is None else usage * 100.0
-    colour = "$warning" if pct is not None and pct >= 95.0 else "$foreground"
-    line = f"[{MUTED}]KV cache[/] [{colour}]{fmt_pct(pct)}[/]"
-    if server is not None and server.ok and server.preemptions_total:
-        line += f"  [{MUTED}]preempt[/] {fmt_count(server.preemptions_total)}"
-    return line
 
 
 def rates_line(ten: WindowStats | None) -> str:
     req = fmt_rate(ten.req_s if ten else None)
     err_s = ten.err_s if ten else None
     err_colour = "$error" if err_s else "$foreground"
-    return f"[{MUTED}]req/s[/] {req}  [{MUTED}]err/s[/] [{err_colour}]{fmt_rate(err_s)}[/]"
+    return f"{lbl('req/s')}{req}  {lbl('err/s')}[{err_colour}]{fmt_rate(err_s)}[/]"
 
 
-def errors_line(errors: dict[str, int]) -> str:
-    """Cumulative errors by kind, biggest first, so the cause reads first when the line is cut."""
-    kinds = sorted(((n, k) for k, n in errors.items() if n), reverse=True)
-    if not kinds:
-        return f"[{MUTED}]errors  none[/]"
-    parts = " · ".join(f"{literal(k)} {fmt_count(n)}" for n, k in kinds)
-    return f"[{MUTED}]errors[/]  [$error]{parts}[/]"
+def errors_line(ten: WindowStats | None, total: dict[str, int]) -> str:
+    """Errors per second by kind over the last 10 s, biggest first; else the run's total."""
+    recent = ten.errors if ten is not None else {}
+    secs = ten.seconds if ten is not None and ten.seconds > 0 else None
+    kinds = sorted(((n, k) for k, n in recent.items() if n), reverse=True)
+    if kinds and secs:
+        parts = " · ".join(f"{literal(k)} {fmt_rate(n / secs)}/s" for n, k in kinds)
+        return f"{lbl('errors')}[$error]{parts}[/]"
+    n_total = sum(total.values())
+    if n_total:
+        return f"{lbl('errors')}none now [{MUTED}]({fmt_count(n_total)} in the run)[/]"
+    return f"{lbl('errors')}none"
 
 
 def load_lines(snap: Snapshot, ten: WindowStats | None) -> list[str]:
     load = snap.load
+    state = ""
+    if load.warmup:
+        state = "  [$warning]warm-up[/]"
+    flight = f"{lbl('in flight')}[b]{load.in_flight}[/]  {lbl('backlog')}"
+    backlog = f"[$warning]{load.backlog}[/]" if load.backlog else "0"
     return [
-        f"[{MUTED}]concurrency[/] [b $accent]{load.target_concurrency}[/]",
-        f"[{MUTED}]in flight[/] {load.in_flight}  [{MUTED}]backlog[/] {load.backlog}",
+        target_line(snap) + state,
+        flight + backlog,
         server_line(snap.server),
-        kv_line(snap.server),
         rates_line(ten),
-        errors_line(snap.counters.errors),
+        errors_line(ten, snap.counters.errors),
     ]
 
 
@@ -65,4 +81,24 @@ class LoadPanel(Panel):
     TITLE = "Load"
 
     def render_view(self, view: View, width: int) -> tuple[str, str]:
-        return self.TITLE, "\n".join(load_lines(view.snap, view.stats.get("10s")))
+        lines = load_lines(view.snap, view.stats.get("10s"))
+        if view.snap.load.note:
+            lines.append(f"[$accent]{literal(view.snap.load.note)}[/]")
+        hist = view.history
+        target = "rate" if view.snap.load.mode == "open" else "conc"
+        if self._tall() and width >= 20:
+            w = width - 8
+            for label, series, colour in (
+                (target, "target", "$accent"),
+                ("flight", "in_flight", "$primary"),
+                ("queue", "waiting", "$warning"),
+            ):
+                lines.append(f"{lbl(label.ljust(7))}{spark_markup(hist, series, w, colour)}")
+        elif width >= 24:
+            w = (width - 14) // 2
+            lines.append(
+                f"{lbl('flight')}{spark_markup(hist, 'in_flight', w, '$primary')} "
+                f"{lbl('queue')}{spark_markup(hist, 'waiting', w, '$warning')}"
+            )
+        title = f"{self.TITLE} · open loop" if view.snap.load.mode == "open" else self.TITLE
+        return title, "\n".join(lines)

@@ -1,32 +1,92 @@
-"""The base of every main-screen panel: a Static that redraws only when its text changed.
+"""The base of every main-screen panel: a titled box whose text redraws only when it changed.
 
 Over SSH every repaint costs bytes, so a panel keeps the markup it last showed
 and skips `update()` when the new markup is the same. Panels render from a
-`View` (the last Snapshot plus window stats, computed once per refresh by the
-app) and keep it, so a resize can re-render at the new width without new data.
+`View` (the last Snapshot, window stats and history rings, computed once per
+refresh by the app) and keep it, so a resize can re-render at the new width
+without new data. A panel may hold charts below its text (see `Chart`); they
+redraw on their own schedule (when a chart column completes), not every tick.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from textual.app import ComposeResult
+from textual.containers import Vertical
 from textual.events import Resize
 from textual.widgets import Static
 
 from loadgen.snapshot import Snapshot
 from loadgen.windows import WindowStats
+from tui.format import tidy
+
+if TYPE_CHECKING:
+    from loadgen.run_config import Slos
+    from tui.history import History
 
 
 @dataclass(frozen=True)
 class View:
-    """What one refresh shows: the newest Snapshot and its windows ("10s", "1m", "run")."""
+    """What one refresh shows: the newest Snapshot, its windows, and what the app derived."""
 
     snap: Snapshot
     stats: Mapping[str, WindowStats]
+    window: str = "10s"  # the latency window the user picked (`w`)
+    history: History | None = None
+    slos: Slos | None = None
+    outage: bool = False
+    derived: Mapping[str, object] = field(default_factory=dict)
 
 
-class Panel(Static):
+class Line(Static):
+    DEFAULT_CSS = """
+    Line {
+        height: 1;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
+    }
+    """
+
+
+class Body(Vertical):
+    """A panel's text, one widget per line, so that a tick repaints only the lines whose
+    markup changed (every repainted line is bytes on an SSH link)."""
+
+    DEFAULT_CSS = """
+    Body {
+        height: auto;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._lines: list[str] = []
+
+    def set_markup(self, markup: str) -> None:
+        lines = markup.split("\n")
+        if lines == self._lines:
+            return
+        widgets = list(self.query_children(Line))
+        if len(widgets) < len(lines):
+            self.mount(*(Line("") for _ in range(len(lines) - len(widgets))))
+            widgets = list(self.query_children(Line))
+        for extra in widgets[len(lines):]:
+            extra.remove()
+        old = self._lines
+        for i, line in enumerate(lines):
+            if i >= len(old) or old[i] != line:
+                widgets[i].update(tidy(line))
+        self._lines = lines
+
+    @property
+    def plain(self) -> str:
+        return "\n".join(str(w.render()) for w in self.query_children(Line))
+
+
+class Panel(Vertical):
     """A titled, compact panel: one top rule carrying the title, no side borders."""
 
     DEFAULT_CSS = """
@@ -37,23 +97,34 @@ class Panel(Static):
         border-title-color: $primary;
         border-title-style: bold;
         border-title-align: left;
-        text-wrap: nowrap;
-        text-overflow: ellipsis;
     }
     """
 
     TITLE = ""
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("", id=id)
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
         self.border_title = self.TITLE
-        self._markup: str | None = None
         self._view: View | None = None
+        self.body = Body(classes="body")
+
+    def compose(self) -> ComposeResult:
+        yield self.body
+        yield from self.compose_extra()
+
+    def compose_extra(self) -> ComposeResult:
+        """Charts or other widgets below the text."""
+        yield from ()
 
     @property
     def text_width(self) -> int:
         """Columns available for text; 0 before the first layout (render as narrow)."""
         return self.content_size.width
+
+    @property
+    def plain(self) -> str:
+        """The panel's text as shown (for tests and the `s` snapshot)."""
+        return self.body.plain
 
     def show(self, view: View) -> None:
         self._view = view
@@ -69,10 +140,21 @@ class Panel(Static):
         title, markup = self.render_view(self._view, self.text_width)
         if title != self.border_title:
             self.border_title = title
-        if markup != self._markup:
-            self._markup = markup
-            self.update(markup)
+        self.body.set_markup(markup)
+        self.show_extra(self._view, self.text_width)
 
     def render_view(self, view: View, width: int) -> tuple[str, str]:
         """(title, content markup) for `view` at `width` columns."""
         raise NotImplementedError
+
+    def show_extra(self, view: View, width: int) -> None:
+        """Update charts; called after the text on every redraw."""
+
+    def _tall(self) -> bool:
+        # the screen carries "-tall" (App.VERTICAL_BREAKPOINTS) when there are rows to spare
+        return self.is_attached and self.screen.has_class("-tall")
+
+    def _wide(self) -> bool:
+        if not self.is_attached:
+            return False
+        return self.screen.has_class("-wide") or self.screen.has_class("-xwide")

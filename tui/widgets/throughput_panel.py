@@ -1,12 +1,15 @@
-"""Throughput: token and request rates per window, and run totals."""
+"""Throughput: token and request rates per window, per-user speed, goodput, and a chart."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from textual.app import ComposeResult
+
 from loadgen.snapshot import Counters
 from loadgen.windows import WindowStats
 from tui.format import fmt_count, fmt_rate
+from tui.widgets.chart import Chart
 from tui.widgets.panel import Panel, View
 
 MUTED = "$foreground-muted"
@@ -22,16 +25,29 @@ def _row(label: str, values: list[str], estimated: bool = False) -> str:
     return f"[{MUTED}]{label.ljust(LABEL_W)}[/]{cells}" + (EST if estimated else "")
 
 
-def rate_rows(stats: Mapping[str, WindowStats], windows: list[str]) -> list[str]:
+def per_user(s: WindowStats | None) -> float | None:
+    """What one user sees while streaming: 1 / mean TPOT, tokens per second."""
+    tpot = s.latency.get("tpot") if s else None
+    mean = tpot.get("mean") if tpot else None
+    return 1e6 / mean if mean else None
+
+
+def rate_rows(stats: Mapping[str, WindowStats], windows: list[str], goodput: bool) -> list[str]:
     picked = [stats.get(w) for w in windows]
     estimated = any(s is not None and s.tokens_estimated for s in picked)
     header = f"{'':{LABEL_W}}" + "".join(w.rjust(COL_W) for w in windows)
-    return [
+    rows = [
         f"[{MUTED}]{header}[/]",
         _row("out tok/s", [fmt_rate(s.output_tok_s if s else None) for s in picked], estimated),
         _row("in tok/s", [fmt_rate(s.input_tok_s if s else None) for s in picked]),
         _row("req/s", [fmt_rate(s.req_s if s else None) for s in picked]),
+        _row("user tok/s", [fmt_rate(per_user(s)) for s in picked]),
     ]
+    if goodput:
+        rows.append(_row("goodput", [fmt_rate(s.goodput_req_s if s else None) for s in picked]))
+    else:
+        rows.append(f"[{MUTED}]{'goodput'.ljust(LABEL_W)}n/a: no per-request --slo[/]")
+    return rows
 
 
 def total_rows(c: Counters, compact: bool) -> list[str]:
@@ -41,7 +57,7 @@ def total_rows(c: Counters, compact: bool) -> list[str]:
     if compact:
         return [
             f"[{MUTED}]{'total'.ljust(LABEL_W)}[/]{fmt_count(c.requests_ok)} req"
-            f" · {fmt_count(c.output_tokens)} out tok{est}"
+            f" · {fmt_count(c.output_tokens)} tok{est}"
         ]
     return [
         f"[{MUTED}]{'requests'.ljust(LABEL_W)}[/]{fmt_count(c.requests_ok)} ok · {failed} failed",
@@ -53,8 +69,18 @@ def total_rows(c: Counters, compact: bool) -> list[str]:
 class ThroughputPanel(Panel):
     TITLE = "Throughput"
 
+    def compose_extra(self) -> ComposeResult:
+        yield Chart("out_tok_s", "out tok/s", rows=4, classes="chart", id="throughput-chart")
+
     def render_view(self, view: View, width: int) -> tuple[str, str]:
         wide = width >= WIDE_AT
         windows = ["10s", "1m", "run"] if wide else ["10s", "run"]
-        lines = rate_rows(view.stats, windows) + total_rows(view.snap.counters, not wide)
+        goodput = view.slos is not None and view.slos.per_request is not None
+        lines = rate_rows(view.stats, windows, goodput)
+        lines += total_rows(view.snap.counters, not (wide and self._tall()))
         return self.TITLE, "\n".join(lines)
+
+    def show_extra(self, view: View, width: int) -> None:
+        chart = self.query_one(Chart)
+        if chart.display:
+            chart.show(view.history, width)

@@ -1,0 +1,372 @@
+"""Screens beside the main one: the small input modal (`=`, `e`) and the detail screens
+(latency distribution `d`, GPUs `g`, errors `x`, the raw Snapshot `v`).
+
+Detail screens are drawn by the app at its refresh tick, like the main screen,
+and only while they are on top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, ClassVar
+
+import msgspec
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Input, Static
+from textual_plotext import PlotextPlot
+
+from loadgen import hdr
+from loadgen.snapshot import Event, GpuSample, Snapshot, to_json
+from tui.format import (
+    NA,
+    NO_SAMPLES,
+    fmt_bytes,
+    fmt_bytes_pair,
+    fmt_clock,
+    fmt_count,
+    fmt_ms,
+    fmt_pct,
+    fmt_rate,
+    literal,
+    tidy,
+)
+from tui.widgets.header_bar import HeaderBar
+from tui.widgets.latency_panel import ROWS, WINDOW_NAMES
+
+if TYPE_CHECKING:
+    from tui.app import TokentopApp
+
+MUTED = "$foreground-muted"
+
+
+# ------------------------------------------------------------------------- input modal
+
+
+class InputModal(ModalScreen[str | None]):
+    """One line of input; `check(text)` returns an error to show (and keep asking) or None."""
+
+    DEFAULT_CSS = """
+    InputModal {
+        align: center middle;
+    }
+    InputModal > Vertical {
+        width: 60;
+        max-width: 95%;
+        height: auto;
+        padding: 0 1;
+        border: round $primary;
+        border-title-color: $primary;
+        background: $surface;
+    }
+    InputModal #input-error {
+        color: $error;
+        text-style: bold;
+        height: auto;
+    }
+    InputModal #input-hint {
+        color: $foreground-muted;
+    }
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(
+        self,
+        title: str,
+        hint: str,
+        check: Callable[[str], str | None],
+        *,
+        value: str = "",
+        placeholder: str = "",
+    ) -> None:
+        super().__init__()
+        self._title = title
+        self._hint = hint
+        self._check = check
+        self._value = value
+        self._placeholder = placeholder
+
+    def compose(self) -> ComposeResult:
+        with Vertical() as box:
+            box.border_title = self._title
+            yield Input(value=self._value, placeholder=self._placeholder, id="input")
+            yield Static("", id="input-error")
+            yield Static(f"{self._hint} · enter: apply · escape: cancel", id="input-hint")
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        error = self._check(text)
+        if error:
+            self.query_one("#input-error", Static).update(Content(error))
+            return
+        self.dismiss(text)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+# ------------------------------------------------------------------------- detail screens
+
+
+class DetailScreen(Screen[None]):
+    """A full screen of detail, redrawn by the app at its tick; escape goes back."""
+
+    DEFAULT_CSS = """
+    DetailScreen {
+        background: $background;
+    }
+    DetailScreen .detail-title {
+        height: 1;
+        padding: 0 1;
+        border-top: solid $primary;
+        color: $primary;
+        text-style: bold;
+    }
+    DetailScreen .detail-body {
+        height: auto;
+        padding: 0 1;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
+    }
+    DetailScreen VerticalScroll {
+        height: 1fr;
+    }
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "back", "Back", tooltip="back to the main screen"),
+    ]
+    TITLE = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._markup: str | None = None
+
+    def compose(self) -> ComposeResult:
+        yield HeaderBar(id="header")
+        with VerticalScroll(id="detail-scroll"):
+            yield Static(self.TITLE, classes="detail-title")
+            yield Static("", classes="detail-body", id="detail-body")
+            yield from self.compose_extra()
+        yield Footer(compact=True)
+
+    def compose_extra(self) -> ComposeResult:
+        yield from ()
+
+    def on_mount(self) -> None:
+        self.query_one("#detail-scroll").focus()
+        app: TokentopApp = self.app  # type: ignore[assignment]
+        app.redraw_now()
+
+    def draw(self, app: TokentopApp) -> None:
+        markup = self.render_detail(app)
+        if markup != self._markup:
+            self._markup = markup
+            self.query_one("#detail-body", Static).update(tidy(markup))
+
+    @property
+    def plain(self) -> str:
+        return str(self.query_one("#detail-body", Static).render())
+
+    def render_detail(self, app: TokentopApp) -> str:
+        raise NotImplementedError
+
+    def action_back(self) -> None:
+        self.dismiss(None)
+
+
+PERCENTILES = (50.0, 90.0, 99.0, 99.9, 99.99)
+# x positions of the HDR percentile plot: 1 / (1 - p), on a log axis
+X = [1.0 / (1.0 - p / 100.0) for p in PERCENTILES]
+X_LABELS = ["P50", "P90", "P99", "P99.9", "P99.99"]
+
+
+class DistributionScreen(DetailScreen):
+    """The HDR percentile curve of the chosen window: latency (log) against percentile (log)."""
+
+    TITLE = "Latency distribution"
+
+    def compose_extra(self) -> ComposeResult:
+        yield PlotextPlot(id="distribution-plot")
+
+    DEFAULT_CSS = """
+    DistributionScreen #distribution-plot {
+        height: 1fr;
+        min-height: 10;
+    }
+    """
+
+    def curves(self, app: TokentopApp) -> dict[str, list[int | None]]:
+        dense = app.window_dense(app.window)
+        return {m: hdr.percentile_curve(dense[m], PERCENTILES) for m, _ in ROWS if m in dense}
+
+    def render_detail(self, app: TokentopApp) -> str:
+        curves = self.curves(app)
+        name = WINDOW_NAMES.get(app.window, app.window)
+        header = f"{'':6}" + "".join(f"{x:>9}" for x in X_LABELS)
+        lines = [f"[{MUTED}]window: {name} (w cycles) · values in the HDR way (3 digits)[/]",
+                 f"[{MUTED}]{header}[/]"]
+        for metric, label in ROWS:
+            values = curves.get(metric, [None] * len(PERCENTILES))
+            cells = "".join(fmt_ms(v, missing=NO_SAMPLES).rjust(9) for v in values)
+            lines.append(f"[b]{label:<6}[/]{cells}")
+        self._plot(curves)
+        return "\n".join(lines)
+
+    def _plot(self, curves: dict[str, list[int | None]]) -> None:
+        key = repr(curves)
+        if getattr(self, "_plotted", None) == key:
+            return
+        self._plotted = key
+        widget = self.query_one(PlotextPlot)
+        plt = widget.plt
+        plt.clear_data()
+        plt.clear_figure()
+        any_data = False
+        for metric, label in ROWS:
+            pts = [(x, v / 1000.0) for x, v in zip(X, curves.get(metric, []), strict=False)
+                   if v is not None]
+            if pts:
+                any_data = True
+                plt.plot([p[0] for p in pts], [p[1] for p in pts], label=label, marker="braille")
+        plt.xscale("log")
+        plt.xticks(X, X_LABELS)
+        if any_data:
+            plt.yscale("log")
+        plt.ylabel("ms")
+        plt.title("percentile curve (log scales)")
+        widget.refresh()
+
+
+def gpu_detail(g: GpuSample) -> list[str]:
+    sim = " [$accent](simulated)[/]" if g.simulated else ""
+    lines = [f"[b]GPU {g.index}[/] {literal(g.name)}{sim}"]
+    if g.lost:
+        lines.append(f"  [b $error]lost: {literal(g.message or 'fell off the bus')}[/]")
+        return lines
+
+    def row(label: str, value: str) -> str:
+        return f"  [{MUTED}]{label:<14}[/]{value}"
+
+    if g.uuid:
+        lines.append(row("uuid", literal(g.uuid)))
+    lines.append(row("memory", fmt_bytes_pair(g.memory_used_bytes, g.memory_total_bytes)))
+    lines.append(row("utilisation", fmt_pct(g.utilization_pct)))
+    pw = NA if g.power_w is None else f"{g.power_w:.0f} W"
+    limit = "" if g.power_limit_w is None else f" of {g.power_limit_w:.0f} W"
+    lines.append(row("power", pw + limit))
+    lines.append(row("temperature", NA if g.temperature_c is None else f"{g.temperature_c:.0f} °C"))
+    lines.append(row("energy", NA if g.energy_j is None else f"{g.energy_j / 3.6e6:.3f} kWh"))
+    sm = NA if g.sm_clock_mhz is None else f"{g.sm_clock_mhz:.0f} MHz"
+    mem = NA if g.mem_clock_mhz is None else f"{g.mem_clock_mhz:.0f} MHz"
+    lines.append(row("clocks", f"SM {sm} · memory {mem}"))
+    reasons = NA if g.throttle_reasons is None else (", ".join(g.throttle_reasons) or "none")
+    lines.append(row("clock events", literal(reasons)))
+    if g.pcie_tx_kbs is not None or g.pcie_rx_kbs is not None:
+        tx = NA if g.pcie_tx_kbs is None else f"{g.pcie_tx_kbs / 1024:.1f} MB/s"
+        rx = NA if g.pcie_rx_kbs is None else f"{g.pcie_rx_kbs / 1024:.1f} MB/s"
+        lines.append(row("PCIe", f"tx {tx} · rx {rx}"))
+    if g.ecc_corrected is not None or g.ecc_uncorrected is not None:
+        lines.append(row("ECC", f"corrected {fmt_count(g.ecc_corrected)} · "
+                                f"uncorrected {fmt_count(g.ecc_uncorrected)}"))
+    if g.mig:
+        lines.append(row("MIG", literal(", ".join(g.mig))))
+    for p in g.processes or []:
+        lines.append(row("process", f"{p.pid} {literal(p.name or '')} {fmt_bytes(p.used_bytes)}"))
+    if g.message:
+        lines.append(row("note", f"[$warning]{literal(g.message)}[/]"))
+    return lines
+
+
+class GpuScreen(DetailScreen):
+    TITLE = "GPUs"
+
+    def render_detail(self, app: TokentopApp) -> str:
+        snap = app.windows.last
+        if snap is None:
+            return f"[{MUTED}]waiting for the first Snapshot[/]"
+        status = snap.gpu
+        head = f"[{MUTED}]source[/] {literal(status.source)}"
+        if status.driver:
+            head += f"  [{MUTED}]driver[/] {literal(status.driver)}"
+        if status.poll_ms is not None:
+            head += f"  [{MUTED}]poll[/] {status.poll_ms:.1f} ms"
+        tpj = app.tokens_per_joule()
+        head += f"  [{MUTED}]tokens per joule[/] {NA if tpj is None else f'{tpj:.2f}'}"
+        lines = [head]
+        if status.message:
+            lines.append(f"[$warning]{literal(status.message)}[/]")
+        for g in status.gpus:
+            lines.append("")
+            lines.extend(gpu_detail(g))
+        return "\n".join(lines)
+
+
+def error_lines(snap: Snapshot | None, ten_errors: dict[str, int], ten_s: float,
+                messages: Iterable[Event]) -> list[str]:
+    total = snap.counters.errors if snap else {}
+    kinds = sorted(set(total) | set(ten_errors), key=lambda k: -total.get(k, 0))
+    lines = [f"[{MUTED}]{'kind':<22}{'run total':>12}{'last 10 s':>12}{'per s':>9}[/]"]
+    if not kinds:
+        lines.append(f"[{MUTED}]no errors in this run[/]")
+    for k in kinds:
+        recent = ten_errors.get(k, 0)
+        rate = fmt_rate(recent / ten_s) if ten_s > 0 else NA
+        colour = "$error" if recent else "$foreground"
+        lines.append(f"[{colour}]{literal(k):<22}[/]{fmt_count(total.get(k, 0)):>12}"
+                     f"{recent:>12}{rate:>9}")
+    if snap is not None:
+        c = snap.counters
+        lines.append("")
+        lines.append(f"[{MUTED}]requests[/] ok {fmt_count(c.requests_ok)} · failed "
+                     f"{fmt_count(c.requests_failed)} · cancelled "
+                     f"{fmt_count(c.requests_cancelled)}")
+    lines.append("")
+    lines.append("[b]last messages[/]")
+    shown = list(messages)
+    if not shown:
+        lines.append(f"[{MUTED}]none yet[/]")
+    for e in shown:
+        lines.append(f"[{MUTED}]{fmt_clock(e.t)}[/] [$error]{literal(e.message)}[/]")
+    return lines
+
+
+class ErrorsScreen(DetailScreen):
+    TITLE = "Errors by kind"
+
+    def render_detail(self, app: TokentopApp) -> str:
+        ten = app.windows.stats("10s") if app.windows.last is not None else None
+        lines = error_lines(app.windows.last, ten.errors if ten else {},
+                            ten.seconds if ten else 0.0, app.error_events)
+        return "\n".join(lines)
+
+
+def snapshot_text(snap: Snapshot | None) -> str:
+    """The whole Snapshot as indented JSON, histograms shortened to their size."""
+    if snap is None:
+        return "no Snapshot yet"
+    data = msgspec.json.decode(to_json(snap))
+    data["hist"] = {m: f"<{len(b)} bytes of encoded histogram>" for m, b in data["hist"].items()}
+    return msgspec.json.format(msgspec.json.encode(data), indent=2).decode()
+
+
+class SnapshotScreen(DetailScreen):
+    TITLE = "The latest Snapshot"
+
+    def render_detail(self, app: TokentopApp) -> str:
+        return literal(snapshot_text(app.windows.last))
+
+
+DETAIL_SCREENS: dict[str, type[DetailScreen]] = {
+    "distribution": DistributionScreen,
+    "gpus": GpuScreen,
+    "errors": ErrorsScreen,
+    "snapshot": SnapshotScreen,
+}
