@@ -16,7 +16,7 @@ from pathlib import Path
 
 from loadgen import __version__
 
-SUBCOMMANDS = ("run", "sweep", "sim", "calibrate", "probe")
+SUBCOMMANDS = ("run", "sweep", "agent", "fleet", "sim", "calibrate", "probe")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -206,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
             return _probe(argv[1:])
         if argv and argv[0] == "sweep":
             return _sweep(argv[1:])
+        if argv and argv[0] == "agent":
+            return _agent(argv[1:])
+        if argv and argv[0] == "fleet":
+            return _fleet(argv[1:])
         if argv and argv[0] == "run":
             args = run_parser().parse_args(argv[1:])
             if args.headless:
@@ -259,6 +263,24 @@ def _sweep(argv: list[str]) -> int:
     args = p.parse_args(argv)
     cfg, key = run_config(args), _api_key(args)
     return eventloop.run(lambda: sweep_main(cfg, args, key))
+
+
+def _agent(argv: list[str]) -> int:
+    from loadgen import eventloop
+    from loadgen.agent import add_agent_arguments, agent_main
+
+    p = _Parser(prog="tokentop agent", description="Headless load + probes, published over MQTT.")
+    add_agent_arguments(p)
+    args = p.parse_args(argv)
+    return eventloop.run(lambda: agent_main(args))
+
+
+def _fleet(argv: list[str]) -> int:
+    from tui.fleet_app import add_fleet_arguments, fleet_main
+
+    p = _Parser(prog="tokentop fleet", description="Watch (and steer) a fleet of tokentop agents.")
+    add_fleet_arguments(p)
+    return fleet_main(p.parse_args(argv))
 
 
 def _probe(argv: list[str]) -> int:

@@ -1,0 +1,203 @@
+"""`tokentop fleet`: every agent of a fleet on one screen, and the full console for any of them.
+
+    tokentop fleet --broker mqtt://broker:1883 [--fleet lab]
+
+The table lists agents (online, stale, offline) with their headline numbers;
+the first row is the fleet, its P99s taken from the agents' interval
+histograms added together (exact, not an average of P99s). Keys:
+
+    enter     open the selected agent in the full console (q there comes back here)
+    + - ] [   its concurrency ±1 / ±10          p  pause / resume it
+    a         send those to every agent instead  q  quit
+
+Why the agent view is the ordinary console run after the fleet app (not a
+screen inside it): `TokentopApp` is an App with its own layout, keys, help
+and CSS; running it with a `FleetAgentSource` shows an agent exactly as a
+local run, with nothing copied. Both apps run one after the other on the
+same event loop (`App.run_async`), so the one `FleetMonitor` (MQTT
+connection, registry, windows) lives on across the switch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import ClassVar
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.widgets import Footer, Static
+
+from loadgen.fleet import FleetMonitor
+from loadgen.mqtt_link import BrokerError, add_broker_arguments, broker_from_args, check_level
+from loadgen.source import SourceError
+from themes import DEFAULT_THEME, register_themes
+from tui.widgets.fleet_table import FLEET_KEY, FleetTable
+
+
+class FleetApp(App[str | None]):
+    """Returns the name of the agent to open (enter), or None (q)."""
+
+    TITLE = "tokentop fleet"
+    CSS = """
+    #fleet-header { height: 1; padding: 0 1; background: $panel; }
+    FleetTable { height: 1fr; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "open", "Open", tooltip="full console of the selected agent"),
+        Binding("plus", "concurrency(1)", "+1", key_display="+"),
+        Binding("minus", "concurrency(-1)", "−1", key_display="-"),
+        Binding("right_square_bracket", "concurrency(10)", "+10", key_display="]"),
+        Binding("left_square_bracket", "concurrency(-10)", "−10", key_display="["),
+        Binding("p", "pause", "Pause/resume"),
+        Binding("a", "toggle_all", "All agents"),
+        Binding("q", "quit_fleet", "Quit"),
+    ]
+
+    def __init__(self, monitor: FleetMonitor, *, refresh: float = 1.0,
+                 theme: str | None = None) -> None:
+        super().__init__()
+        self.monitor = monitor
+        self.refresh_s = refresh
+        self.all_agents = False
+        self.replies: list[dict] = []  # every control reply, for tests and the record
+        self._drawn_version = -1
+        register_themes(self)
+        self.theme = theme if theme in self.available_themes else DEFAULT_THEME
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="fleet-header")
+        yield FleetTable(id="fleet")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.set_interval(self.refresh_s, self._redraw, name="refresh")
+        self._redraw()
+        self.query_one(FleetTable).focus()
+
+    def _redraw(self) -> None:
+        m = self.monitor
+        link = "connected" if m.connected else f"[red]{m.last_error or 'connecting…'}[/]"
+        target = "[b reverse] ALL AGENTS [/]" if self.all_agents else "selected agent"
+        self.query_one("#fleet-header", Static).update(
+            f"fleet [b]{m.fleet}[/b] · {m.settings.display} · {link} · control: {target}")
+        self.query_one(FleetTable).show(m.rows(), m.aggregate())
+
+    # ---- keys ------------------------------------------------------------------------------
+
+    def _target(self) -> str | None:
+        if self.all_agents:
+            return "all"
+        key = self.query_one(FleetTable).selected_key()
+        if key is None or key == FLEET_KEY:
+            self.notify("select an agent (or press a to control all agents)",
+                        severity="warning")
+            return None
+        return key
+
+    def action_open(self) -> None:
+        key = self.query_one(FleetTable).selected_key()
+        if key is None or key == FLEET_KEY:
+            self.notify("select an agent to open its console", severity="warning")
+            return
+        self.exit(key)
+
+    def on_data_table_row_selected(self, _event: FleetTable.RowSelected) -> None:
+        self.action_open()  # the table takes enter for itself and says so with this message
+
+    def action_toggle_all(self) -> None:
+        self.all_agents = not self.all_agents
+        self.notify("controls go to every agent" if self.all_agents
+                    else "controls go to the selected agent", timeout=3)
+        self._redraw()
+
+    def action_concurrency(self, step: int) -> None:
+        target = self._target()
+        if target is not None:
+            self._send(target, "add_concurrency", float(step))
+
+    def action_pause(self) -> None:
+        target = self._target()
+        if target is None:
+            return
+        if target == "all":
+            running = any(r.load_state == "running" for r in self.monitor.rows())
+        else:
+            row = next((r for r in self.monitor.rows() if r.name == target), None)
+            running = row is not None and row.load_state == "running"
+        self._send(target, "pause" if running else "resume", None)
+
+    def action_quit_fleet(self) -> None:
+        self.exit(None)
+
+    @work(group="control")
+    async def _send(self, target: str, op: str, value: float | None) -> None:
+        try:
+            replies = await self.monitor.control(target, op, value)
+        except SourceError as e:
+            self.notify(str(e), severity="error")
+            return
+        self.replies += replies
+        if not replies:
+            self.notify(f"{op}: no agent is online", severity="warning")
+        for r in replies:
+            what = f"{op} {value:+g}" if value is not None else op
+            if r.get("applied"):
+                self.notify(f"{r.get('agent')}: {what} applied", timeout=3)
+            else:
+                self.notify(f"{r.get('agent')}: {what} refused: {r.get('reason')}",
+                            severity="warning", timeout=6)
+
+
+# ---- command line ---------------------------------------------------------------------------
+
+
+def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
+    add_broker_arguments(p)
+    g = p.add_argument_group("console")
+    g.add_argument("--theme", help="tokentop-dark (default), tokentop-light, "
+                   "tokentop-high-contrast, tokentop-mono")
+    g.add_argument("--refresh", type=float, default=1.0, help="seconds between redraws")
+    g.add_argument("--stale-after", type=float, default=5.0,
+                   help="an online agent with no Snapshot for this long shows as stale")
+
+
+def fleet_main(args: argparse.Namespace) -> int:
+    """`tokentop fleet`: bad input is one line on stderr and exit code 2."""
+    try:
+        settings = broker_from_args(args)
+        fleet = check_level("fleet", args.fleet)
+    except BrokerError as e:
+        print(f"tokentop: {e}", file=sys.stderr)
+        return 2
+    return asyncio.run(_fleet(settings, fleet, args))
+
+
+async def _fleet(settings, fleet: str, args: argparse.Namespace) -> int:
+    from tui.app import TokentopApp
+
+    monitor = FleetMonitor(settings, fleet, stale_after=args.stale_after)
+    await monitor.start(wait=5.0)
+    try:
+        while True:
+            choice = await FleetApp(monitor, refresh=args.refresh, theme=args.theme).run_async()
+            if not choice:
+                return 0
+            await TokentopApp(monitor.source(choice), theme=args.theme).run_async()
+    finally:
+        await monitor.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tokentop fleet", description="Watch a fleet of agents.")
+    add_fleet_arguments(p)
+    try:
+        return fleet_main(p.parse_args(argv))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
