@@ -9,6 +9,12 @@ Protocol, one JSON object per line:
   engine → console: Ready (the resolved target) or Fatal (why not), then
                     one Snapshot message per tick until the run has stopped.
 The API key travels in the environment (TOKENTOP_API_KEY), never on a line.
+
+The engine records the run (loadgen.recorder) to `cfg.out` or the default run
+directory; the first Snapshot carries a "recording to DIR" event. When recording
+fails, an error Event says so in the console, and the load stops
+(`cfg.on_disk_full == "stop"`, the default) or goes on unrecorded ("continue").
+TOKENTOP_NO_RECORD=1 in the environment turns recording off.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import msgspec
 from loadgen import eventloop
 from loadgen.coordinator import Coordinator
 from loadgen.preflight import TargetError
+from loadgen.recorder import Recording, RecordingError, read_resume
 from loadgen.run_config import ConfigError, RunConfig
 from loadgen.snapshot import Control, Snapshot, Target
 from loadgen.source import SourceError
@@ -169,23 +176,69 @@ async def _child() -> int:
         send(Fatal(f"bad engine configuration: {e}"))
         return 2
     try:
-        coord = Coordinator(cfg, os.environ.get("TOKENTOP_API_KEY"))
+        resume = None
+        if cfg.resume:
+            given = cfg
+            cfg, resume = read_resume(cfg.resume)
+            cfg.on_disk_full = given.on_disk_full
+            if given.duration is not None:  # --duration with --resume: this much more load
+                cfg.duration = given.duration
+        coord = Coordinator(cfg, os.environ.get("TOKENTOP_API_KEY"), resume=resume)
+        recording = Recording.open(cfg, run_id=coord.run_id,
+                                   record=os.environ.get("TOKENTOP_NO_RECORD") != "1")
+    except (ConfigError, RecordingError) as e:
+        send(Fatal(str(e)))
+        return 2
+    try:
         await coord.start()
     except (TargetError, ConfigError) as e:
+        recording.discard({"error": str(e)})
         send(Fatal(str(e)))
         return 2
     assert coord.target is not None
     send(Ready(coord.target))
     controls = asyncio.create_task(_read_controls(reader, coord))
+    publisher = await _publisher(cfg, coord.run_id)
+    stopping = False
     try:
         async for snap in coord.snapshots():
+            recording.take(snap)
+            if recording.stop_load and not stopping:
+                stopping = True
+                coord.request_stop("recording failed")
+            if publisher is not None:
+                publisher.publish(snap)
             send(SnapshotMsg(snap))
     except BrokenPipeError:
         pass  # the console is gone; close() below still stops the load
     finally:
         controls.cancel()
         await coord.close()
+        if publisher is not None:
+            await publisher.close()
+        error = recording.close()
+        if error:
+            log.error("%s", error)
     return 0
+
+
+async def _publisher(cfg: RunConfig, run_id: str):
+    """`--publish`: the console's Snapshots go to MQTT too (read-only: no remote control)."""
+    if cfg.publish is None:
+        return None
+    from types import SimpleNamespace
+
+    from loadgen.mqtt_link import broker_from_args
+    from loadgen.telemetry import TelemetryPublisher
+
+    p = cfg.publish
+    settings = broker_from_args(SimpleNamespace(
+        broker=p.broker, mqtt_password_file=None, mqtt_ca_file=p.ca_file,
+        mqtt_cert_file=p.cert_file, mqtt_key_file=p.key_file, mqtt_keepalive=p.keepalive,
+    ))
+    publisher = TelemetryPublisher(settings, fleet=p.fleet, agent=p.name, run_id=run_id)
+    await publisher.start()
+    return publisher
 
 
 async def _read_controls(reader: asyncio.StreamReader, coord: Coordinator) -> None:

@@ -1,14 +1,22 @@
 """`tokentop run --headless`: the same engine, a progress line a second, a JSON summary.
 
-Exit codes: 0 the run completed requests; 1 no request succeeded (every one
-failed, or none finished); 2 the target could not be used at all. The reason
-is always one line on stderr.
+Exit codes: 0 the run completed requests (and passed every --slo threshold);
+1 no request succeeded (every one failed, or none finished); 2 the target, the
+config or the run directory could not be used at all; 3 a --slo threshold
+failed; 4 recording failed (disk full, unwritable) and the load was stopped
+(--on-disk-full=stop, the default). The reason is always one line on stderr.
+
+Every run is recorded (loadgen.recorder) to `cfg.out`, or to a timestamped
+directory under $XDG_DATA_HOME/tokentop/runs; `cfg.resume` continues a run
+directory. `python -m loadgen.headless '<RunConfig JSON>' [--json P] [--no-record]`
+runs this without the command line (tests, scripts).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -20,8 +28,11 @@ import msgspec
 from loadgen import __version__
 from loadgen.coordinator import Coordinator
 from loadgen.preflight import TargetError
-from loadgen.run_config import ConfigError, RunConfig
-from loadgen.snapshot import Snapshot
+from loadgen.recorder import Recording, RecordingError, read_resume
+from loadgen.run_config import ConfigError, RunConfig, parse_slos
+from loadgen.rundir import iter_snapshots
+from loadgen.snapshot import Snapshot, SnapshotVersionError
+from loadgen.soak import evaluate_thresholds, rates_from
 from loadgen.windows import SnapshotWindows, WindowStats
 
 MS = 1e-3  # µs → ms
@@ -33,19 +44,45 @@ async def run_headless(
     api_key: str | None = None,
     json_path: Path | None = None,
     out: TextIO = sys.stderr,
+    record: bool = True,
 ) -> int:
+    resume = None
+    windows = SnapshotWindows()
     try:
-        coord = Coordinator(cfg, api_key)
+        if cfg.resume:
+            given = cfg
+            cfg, resume = read_resume(cfg.resume)
+            cfg.on_disk_full = given.on_disk_full
+            if given.duration is not None:  # --duration with --resume: this much more load
+                cfg.duration = given.duration
+            # the summary covers the whole run: what was recorded before the gap first
+            for old in iter_snapshots(cfg.resume, warn=lambda m: print(f"tokentop: warning: {m}",
+                                                                       file=out)):
+                windows.add(old)
+        coord = Coordinator(cfg, api_key, resume=resume)
+        recording = Recording.open(cfg, run_id=coord.run_id, record=record)
+    except (ConfigError, RecordingError, SnapshotVersionError) as e:
+        print(f"tokentop: {e}", file=out)
+        return 2
+    try:
         await coord.start()
     except (TargetError, ConfigError) as e:
         print(f"tokentop: {e}", file=out)
+        recording.discard({"error": str(e)})
         return 2
+    if recording.run_dir is not None:
+        verb = "resuming" if resume else "recording to"
+        print(f"tokentop: {verb} {recording.run_dir}", file=out, flush=True)
     _install_signal_handlers(coord, out)
-    windows = SnapshotWindows()
     last_second = -1
+    recording_failed = False
     try:
         measuring = cfg.warmup == 0
         async for snap in coord.snapshots():
+            recording.take(snap)
+            if recording.stop_load and not recording_failed:
+                recording_failed = True
+                coord.request_stop("recording failed")
             windows.add(snap)
             if not measuring and not snap.load.warmup:
                 windows.reset()  # the results start when the warm-up ends
@@ -59,8 +96,16 @@ async def run_headless(
     finally:
         await coord.close()
     summary = build_summary(cfg, windows)
+    summary["run_dir"] = str(recording.run_dir) if recording.run_dir else None
+    summary["recording_error"] = recording.error
+    summary["thresholds"] = thresholds(cfg, windows)
     code, reason = exit_status(summary)
+    if code == 0 and recording_failed:
+        code, reason = 4, f"recording failed, load stopped: {recording.error}"
     summary["exit"] = {"code": code, "reason": reason}
+    close_error = recording.close(summary)
+    if close_error:
+        print(f"tokentop: {close_error}", file=out)
     if json_path is not None:
         try:
             _write_json(json_path, summary)
@@ -150,6 +195,18 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
     }
 
 
+def thresholds(cfg: RunConfig, windows: SnapshotWindows) -> list[dict]:
+    """The --slo whole-run thresholds judged on the run window (after warm-up)."""
+    slos = parse_slos(cfg.slo)
+    if not slos.thresholds:
+        return []
+    run = windows.stats("run")
+    good = (run.goodput_req_s or 0.0) * run.seconds
+    rates = rates_from(run.requests_ok, run.requests_failed, round(good), run.output_tokens,
+                       run.seconds)
+    return evaluate_thresholds(slos.thresholds, run.latency, rates)
+
+
 def exit_status(summary: dict) -> tuple[int, str]:
     req = summary["requests"]
     ok, failed = req["ok"], req["failed"]
@@ -158,6 +215,9 @@ def exit_status(summary: dict) -> tuple[int, str]:
         return 1, f"every request failed ({kinds})"
     if ok == 0:
         return 1, "no request completed; run longer or check the server"
+    failing = [t for t in summary.get("thresholds") or [] if not t["passed"]]
+    if failing:
+        return 3, "threshold failed: " + "; ".join(t["shown"] for t in failing)
     tput = summary["throughput"]
     return 0, (
         f"done: {ok} requests ok, {failed} failed, "
@@ -169,3 +229,28 @@ def _write_json(path: Path, summary: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2) + b"\n")
     tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m loadgen.headless '<RunConfig as JSON>' [--json PATH] [--no-record]`."""
+    import argparse
+
+    from loadgen import eventloop
+
+    p = argparse.ArgumentParser(prog="python -m loadgen.headless")
+    p.add_argument("config", help="the RunConfig as JSON (msgspec field names)")
+    p.add_argument("--json", type=Path)
+    p.add_argument("--no-record", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        cfg = msgspec.json.decode(args.config, type=RunConfig)
+    except msgspec.DecodeError as e:
+        print(f"tokentop: bad configuration: {e}", file=sys.stderr)
+        return 2
+    key = os.environ.get("OPENAI_API_KEY") or None
+    return eventloop.run(lambda: run_headless(cfg, api_key=key, json_path=args.json,
+                                              record=not args.no_record))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

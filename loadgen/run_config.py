@@ -26,6 +26,19 @@ class ConfigError(ValueError):
     """A setting that cannot be used; str(e) is the message for the user."""
 
 
+class PublishTo(msgspec.Struct, kw_only=True):
+    """`--publish`: where a console's engine also sends its Snapshots (MQTT). No password
+    here: it travels in the environment ($TOKENTOP_MQTT_PASSWORD)."""
+
+    broker: str  # mqtt://[user@]host[:port] or mqtts://…
+    fleet: str
+    name: str
+    keepalive: int = 10
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
 class RunConfig(msgspec.Struct, kw_only=True):
     url: str | None = None  # None: start the embedded simulator
     model: str | None = None  # None: the server's first model
@@ -67,6 +80,7 @@ class RunConfig(msgspec.Struct, kw_only=True):
     drain_grace: float = 10.0
     sim_args: list[str] = msgspec.field(default_factory=list)
     seed: int = 0
+    publish: PublishTo | None = None
     calibrate: bool = False  # timing error against the exact-timing simulator's stamps
 
     # recording (loadgen.recorder): the run directory (None: the default under

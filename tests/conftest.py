@@ -1,10 +1,20 @@
-"""Shared fixtures: a real simulator on 127.0.0.1, and a way to run the real `tokentop`."""
+"""Shared fixtures: a real simulator on 127.0.0.1, and a private home for every test."""
 
 from __future__ import annotations
 
 import pytest
 
 from loadgen.sim import SimConfig, start_sim
+
+
+@pytest.fixture(autouse=True)
+def private_dirs(tmp_path_factory, monkeypatch):
+    """Runs are recorded by default and the console remembers its theme: keep both (and
+    anything a child process writes) out of the real home directory."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
+    return home
 
 
 @pytest.fixture

@@ -140,6 +140,11 @@ class TokentopApp(App[None]):
         Binding("x", "detail('errors')", "errors", show=False,
                 tooltip="errors by kind, last messages"),
         Binding("v", "detail('snapshot')", "raw", show=False, tooltip="the full Snapshot as text"),
+        Binding("1", "replay_speed(1)", "×1", show=False, tooltip="replay: real speed"),
+        Binding("2", "replay_speed(10)", "×10", show=False, tooltip="replay: ten times faster"),
+        Binding("3", "replay_speed(100)", "×100", show=False, tooltip="replay: a hundred times"),
+        Binding("left", "seek_by(-30)", "−30 s", show=False, tooltip="replay: back 30 s"),
+        Binding("right", "seek_by(30)", "+30 s", show=False, tooltip="replay: forward 30 s"),
         Binding("question_mark", "help", "help", key_display="?", tooltip="this help"),
         Binding("q", "quit", "quit", tooltip="stop the load and quit (asks once if running)"),
     ]
@@ -249,6 +254,12 @@ class TokentopApp(App[None]):
 
     def _take(self, snap: Snapshot) -> None:
         """Fold one Snapshot in: windows, history rings, events. No drawing here."""
+        last = self.windows.last
+        if last is not None and snap.seq < last.seq:
+            # a replay sought backwards: what the windows hold is from the future now
+            self.windows = SnapshotWindows()
+            self.history = History()
+            self._energy.clear()
         self.windows.add(snap)
         bucket_done = self.history.add(snap, self.windows)
         c = snap.counters
@@ -444,6 +455,19 @@ class TokentopApp(App[None]):
     async def action_toggle_mode(self) -> None:
         new = "closed" if self._open_loop() else "open"
         await self._send(Control(op="set_mode", note=new, source="key"), f"switching to {new} loop")
+
+    async def action_replay_speed(self, factor: float) -> None:
+        if self._is_replay():
+            await self._send(Control(op="replay_speed", value=factor, source="key"),
+                             f"replay speed ×{factor:g}")
+
+    async def action_seek_by(self, seconds: float) -> None:
+        if self._is_replay():
+            await self._send(Control(op="seek_by", value=seconds, source="key"),
+                             f"seek {seconds:+g} s")
+
+    def _is_replay(self) -> bool:
+        return self._description().startswith("replay")
 
     async def action_auto_ramp(self) -> None:
         await self._send(Control(op="auto_ramp", source="key"),

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from pathlib import Path
 
 from loadgen import __version__
 
-SUBCOMMANDS = ("run", "sweep", "agent", "fleet", "sim", "calibrate", "probe")
+SUBCOMMANDS = (
+    "run", "sweep", "replay", "report", "compare", "agent", "fleet", "sim", "calibrate", "probe",
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -132,6 +135,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--cancel-at", help="abandon after this many tokens (20) or seconds (1.5s)")
     m.add_argument("--slo", help="per request (goodput): ttft<500ms,tpot<50ms,e2e<10s; whole run "
                    "(pass/fail): ttft_p99<1s,error_rate<1%%,output_tok_s>500")
+    r = p.add_argument_group("recording")
+    r.add_argument("--out", help="run directory (default: a new one under "
+                   "~/.local/share/tokentop/runs)")
+    r.add_argument("--resume", help="continue the run recorded in this directory")
+    r.add_argument("--on-disk-full", choices=("stop", "continue"), default="stop",
+                   help="when recording fails: stop the load (default) or keep it running")
+    r.add_argument("--no-record", dest="record", action="store_false",
+                   help="do not record this run")
     m.add_argument("--workers", type=_whole(0), default=0,
                    help="load worker processes (default: cores - 1, at least 1)")
     m.add_argument("--request-timeout", type=_seconds, default=600.0)
@@ -185,6 +196,11 @@ def console_parser(prog: str = "tokentop") -> argparse.ArgumentParser:
                     "tokentop-high-contrast, tokentop-mono; `t` cycles them in the console "
                     "and the choice is remembered in ~/.config/tokentop/config.toml")
     ui.add_argument("--refresh", type=_seconds, default=0.5, help="seconds between redraws")
+    from loadgen.mqtt_link import add_broker_arguments
+
+    add_broker_arguments(p, required=False, url_flag="--publish")
+    p.add_argument("--name", default=socket.gethostname(),
+                   help="this machine's name in the fleet (with --publish)")
     return p
 
 
@@ -206,6 +222,16 @@ def main(argv: list[str] | None = None) -> int:
             return _probe(argv[1:])
         if argv and argv[0] == "sweep":
             return _sweep(argv[1:])
+        if argv and argv[0] == "replay":
+            return _replay(argv[1:])
+        if argv and argv[0] == "report":
+            from loadgen.report import main as report_main
+
+            return report_main(argv[1:])
+        if argv and argv[0] == "compare":
+            from loadgen.compare import main as compare_main
+
+            return compare_main(argv[1:])
         if argv and argv[0] == "agent":
             return _agent(argv[1:])
         if argv and argv[0] == "fleet":
@@ -220,13 +246,36 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _publish_to(args: argparse.Namespace):
+    """Check the broker settings now (one clear line), and hand the password to the engine
+    process in its environment, never in its configuration."""
+    from loadgen.mqtt_link import PASSWORD_ENV, BrokerError, broker_from_args, check_level
+    from loadgen.run_config import PublishTo
+
+    try:
+        settings = broker_from_args(args)
+        check_level("fleet", args.fleet)
+        check_level("agent", args.name)
+    except (BrokerError, ValueError) as e:
+        _fail(str(e))
+    if settings.password:
+        os.environ[PASSWORD_ENV] = settings.password
+    return PublishTo(broker=args.broker, fleet=args.fleet, name=args.name,
+                     keepalive=args.mqtt_keepalive, ca_file=args.mqtt_ca_file,
+                     cert_file=args.mqtt_cert_file, key_file=args.mqtt_key_file)
+
+
 def _headless(args: argparse.Namespace) -> int:
     from loadgen import eventloop
     from loadgen.headless import run_headless
 
+    if args.broker:
+        _fail("--publish is for the console; a headless run that publishes is `tokentop agent`")
     cfg = run_config(args)
     key = _api_key(args)
-    return eventloop.run(lambda: run_headless(cfg, api_key=key, json_path=args.json))
+    return eventloop.run(
+        lambda: run_headless(cfg, api_key=key, json_path=args.json, record=args.record)
+    )
 
 
 def _console(args: argparse.Namespace) -> int:
@@ -236,7 +285,12 @@ def _console(args: argparse.Namespace) -> int:
     if getattr(args, "json", None) is not None:
         print("tokentop: --json is written by headless runs; add --headless", file=sys.stderr)
         return 2
-    source = EngineProcess(run_config(args), _api_key(args))
+    if not args.record:
+        os.environ["TOKENTOP_NO_RECORD"] = "1"  # read by the engine process
+    cfg = run_config(args)
+    if args.broker:
+        cfg.publish = _publish_to(args)
+    source = EngineProcess(cfg, _api_key(args))
     app = TokentopApp(source, theme=args.theme, refresh=args.refresh, slo=args.slo)
     app.run()
     return app.return_code or 0
@@ -263,6 +317,27 @@ def _sweep(argv: list[str]) -> int:
     args = p.parse_args(argv)
     cfg, key = run_config(args), _api_key(args)
     return eventloop.run(lambda: sweep_main(cfg, args, key))
+
+
+def _replay(argv: list[str]) -> int:
+    from loadgen.replay import ReplaySource
+    from tui.app import TokentopApp
+
+    p = _Parser(prog="tokentop replay",
+                description="The console, fed from a run directory (also while it is written). "
+                "Keys: 1/2/3 speed ×1/×10/×100, ←/→ 30 s back/forward, p pause.")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--speed", type=float, default=1.0)
+    p.add_argument("--no-follow", action="store_true",
+                   help="stop at the end even if the run is still being written")
+    p.add_argument("--theme")
+    args = p.parse_args(argv)
+    if not (args.run_dir / "manifest.json").exists() and not args.run_dir.is_dir():
+        _fail(f"{args.run_dir} is not a run directory")
+    source = ReplaySource(args.run_dir, speed=args.speed, follow=False if args.no_follow else None)
+    app = TokentopApp(source, theme=args.theme)
+    app.run()
+    return app.return_code or 0
 
 
 def _agent(argv: list[str]) -> int:
