@@ -166,6 +166,7 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
         for m, s in run.latency.items()
     }
     return {
+        "format": 1,  # of this summary; tokentop compare reads it
         "tokentop_version": __version__,
         "run_id": last.run_id if last else None,
         "target": msgspec.to_builtins(last.target) if last else None,
