@@ -241,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.headless:
                 return _headless(args)
             return _console(args)
+        if argv and not argv[0].startswith("-"):
+            _fail(f"unknown command {argv[0]!r}; the commands are: {', '.join(SUBCOMMANDS)} "
+                  "(or options alone for the console)")
         return _console(console_parser().parse_args(argv))
     except KeyboardInterrupt:
         return 130
