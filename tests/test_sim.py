@@ -672,8 +672,9 @@ async def test_exact_timing_mode(http: aiohttp.ClientSession) -> None:
         assert ttft_ms / 1000 <= ttft < (ttft_ms + 15) / 1000
         gaps_ms = [(b - a) / 1e6 for a, b in itertools.pairwise(content)]
         assert sum(gaps_ms) / len(gaps_ms) == pytest.approx(itl_ms, abs=0.3)
-        # by deadline: a late write (the machine was busy) is followed by a short gap
-        assert sorted(gaps_ms)[len(gaps_ms) // 2] == pytest.approx(itl_ms, abs=0.1)
+        # by deadline: a late write (the machine was busy) is followed by a short gap, and
+        # each send lands within the event loop's timer resolution (1 ms) of its deadline
+        assert sorted(gaps_ms)[len(gaps_ms) // 2] == pytest.approx(itl_ms, abs=1.0)
         assert all(0 < g < itl_ms + 8.0 for g in gaps_ms)
         # role chunk is written on arrival: first content exactly TTFT after it
         assert (content[0] - every[0]) / 1e6 == pytest.approx(ttft_ms, abs=1.5)

@@ -1,0 +1,76 @@
+"""tokentop's own timing accuracy, against the simulator's exact-timing mode."""
+
+from __future__ import annotations
+
+import numpy as np
+from support import tokentop
+
+from loadgen import hdr
+from loadgen.coordinator import Coordinator
+from loadgen.run_config import RunConfig
+from loadgen.sim import SimConfig, start_sim
+
+
+async def measure(cfg: RunConfig, seconds: float) -> dict[str, np.ndarray]:
+    coord = Coordinator(cfg)
+    await coord.start()
+    dense: dict[str, np.ndarray] = {}
+    try:
+        async for snap in coord.snapshots():
+            if snap.elapsed > 1.0:  # the first second: connections and processes warm up
+                for m, blob in snap.hist.items():
+                    d = hdr.decode(blob)
+                    dense[m] = dense[m] + d if m in dense else d
+            if snap.elapsed >= seconds and coord.state == "running":
+                coord.request_stop("measured")
+    finally:
+        await coord.close()
+    return dense
+
+
+async def test_ttft_and_itl_within_a_millisecond_of_truth_at_modest_load():
+    # every request: first token exactly 40 ms after it arrives, then one every 10 ms; each
+    # chunk carries the time the server wrote it, so the client's error is measurable
+    sim = await start_sim(SimConfig(exact_ttft_ms=40.0, exact_itl_ms=10.0), port=0)
+    try:
+        cfg = RunConfig(url=sim.url, concurrency=8, output_tokens="20", input_tokens="8",
+                        workers=1, tick=0.5, calibrate=True, drain_grace=2.0)
+        dense = await measure(cfg, 4.0)
+    finally:
+        await sim.close()
+    ttft_err, itl_err = hdr.summarize(dense["ttft_err"]), hdr.summarize(dense["itl_err"])
+    assert ttft_err["count"] > 50 and itl_err["count"] > 1000
+    assert ttft_err["p99"] <= 1000, ttft_err  # µs
+    assert itl_err["p99"] <= 1000, itl_err
+    # and the measured values themselves sit on the truth
+    assert 39_000 <= hdr.summarize(dense["ttft"])["p50"] <= 42_000
+    assert 9_500 <= hdr.summarize(dense["itl"])["p50"] <= 10_500
+
+
+async def test_multi_token_chunks_give_the_true_per_token_itl():
+    """4 tokens per chunk: the chunk gap (ICL) is 4 steps, the per-token ITL is one step."""
+    results = {}
+    for k in (1, 4):
+        sim = await start_sim(SimConfig(slots=4, tokens_per_chunk=k), port=0)
+        try:
+            cfg = RunConfig(url=sim.url, concurrency=1, output_tokens="64", input_tokens="8",
+                            workers=1, tick=0.5, drain_grace=2.0)
+            dense = await measure(cfg, 3.0)
+        finally:
+            await sim.close()
+        results[k] = {m: hdr.summarize(dense[m])["p50"] for m in ("itl", "icl")}
+    one, four = results[1], results[4]
+    assert abs(four["itl"] - one["itl"]) <= 0.15 * one["itl"], results
+    assert 3.4 * one["icl"] <= four["icl"] <= 4.6 * one["icl"], results
+
+
+def test_calibrate_prints_its_table_and_verdict():
+    proc = tokentop("calibrate", "--steps", "1,4", "--step-seconds", "1.5", "--warmup", "0.5",
+                    "--ttft-ms", "20", "--itl-ms", "10", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("streams"))
+    rows = lines[header + 1 : header + 3]
+    assert [r.split()[0] for r in rows] == ["1", "4"]
+    assert "µs/chunk" in lines[header] and "ITL err" in lines[header]
+    assert lines[-1].startswith(("highest load with timing error", "no step kept"))
