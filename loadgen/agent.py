@@ -19,13 +19,10 @@ source "mqtt", so they show in the next Snapshot.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
 import math
 import os
 import re
-import signal
 import socket
 import sys
 from collections import OrderedDict
@@ -35,7 +32,12 @@ from typing import TextIO
 import msgspec
 
 from loadgen.coordinator import Coordinator
-from loadgen.headless import build_summary, exit_status, progress_line
+from loadgen.headless import (
+    build_summary,
+    exit_status,
+    install_signal_handlers,
+    progress_line,
+)
 from loadgen.mqtt_link import BrokerError, BrokerSettings, add_broker_arguments, broker_from_args
 from loadgen.preflight import TargetError
 from loadgen.run_config import ConfigError, RunConfig
@@ -211,7 +213,7 @@ async def run_agent(
             recording.close()
         return 2
     await pub.start()
-    _install_signal_handlers(coord, out)
+    install_signal_handlers(coord, out)
     windows = SnapshotWindows()
     last_second = -1
     try:
@@ -277,18 +279,6 @@ def _open_recording(cfg: RunConfig, run_id: str, record: bool, out: TextIO):
     if rec.run_dir is not None:
         print(f"tokentop: recording to {rec.run_dir}", file=out)
     return rec
-
-
-def _install_signal_handlers(coord: Coordinator, out: TextIO) -> None:
-    loop = asyncio.get_running_loop()
-
-    def stop() -> None:
-        print("tokentop: stopping, letting in-flight requests finish…", file=out)
-        coord.request_stop("stopped by a signal")
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop)
 
 
 # ---- command line ---------------------------------------------------------------------------

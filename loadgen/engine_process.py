@@ -33,7 +33,7 @@ import msgspec
 from loadgen import eventloop
 from loadgen.coordinator import Coordinator
 from loadgen.preflight import TargetError
-from loadgen.recorder import Recording, RecordingError, read_resume
+from loadgen.recorder import Recording, RecordingError, resumed
 from loadgen.run_config import ConfigError, RunConfig
 from loadgen.snapshot import Control, Snapshot, Target
 from loadgen.source import SourceError
@@ -178,11 +178,7 @@ async def _child() -> int:
     try:
         resume = None
         if cfg.resume:
-            given = cfg
-            cfg, resume = read_resume(cfg.resume)
-            cfg.on_disk_full = given.on_disk_full
-            if given.duration is not None:  # --duration with --resume: this much more load
-                cfg.duration = given.duration
+            cfg, resume = resumed(cfg)
         coord = Coordinator(cfg, os.environ.get("TOKENTOP_API_KEY"), resume=resume)
         recording = Recording.open(cfg, run_id=coord.run_id,
                                    record=os.environ.get("TOKENTOP_NO_RECORD") != "1")

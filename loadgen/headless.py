@@ -28,7 +28,7 @@ import msgspec
 from loadgen import __version__
 from loadgen.coordinator import Coordinator
 from loadgen.preflight import TargetError
-from loadgen.recorder import Recording, RecordingError, read_resume
+from loadgen.recorder import Recording, RecordingError, resumed
 from loadgen.run_config import ConfigError, RunConfig, parse_slos
 from loadgen.rundir import iter_snapshots
 from loadgen.snapshot import Snapshot, SnapshotVersionError
@@ -50,11 +50,7 @@ async def run_headless(
     windows = SnapshotWindows()
     try:
         if cfg.resume:
-            given = cfg
-            cfg, resume = read_resume(cfg.resume)
-            cfg.on_disk_full = given.on_disk_full
-            if given.duration is not None:  # --duration with --resume: this much more load
-                cfg.duration = given.duration
+            cfg, resume = resumed(cfg)
             # the summary covers the whole run: what was recorded before the gap first
             for old in iter_snapshots(cfg.resume, warn=lambda m: print(f"tokentop: warning: {m}",
                                                                        file=out)):
@@ -73,7 +69,7 @@ async def run_headless(
     if recording.run_dir is not None:
         verb = "resuming" if resume else "recording to"
         print(f"tokentop: {verb} {recording.run_dir}", file=out, flush=True)
-    _install_signal_handlers(coord, out)
+    install_signal_handlers(coord, out)
     last_second = -1
     recording_failed = False
     try:
@@ -116,12 +112,13 @@ async def run_headless(
     return code
 
 
-def _install_signal_handlers(coord: Coordinator, out: TextIO) -> None:
+def install_signal_handlers(coord: Coordinator, out: TextIO) -> None:
+    """Ctrl-C / SIGTERM stop the load in order (in-flight requests drain), never abruptly."""
     loop = asyncio.get_running_loop()
 
     def stop() -> None:
         print("tokentop: stopping, letting in-flight requests finish…", file=out)
-        coord.request_stop()
+        coord.request_stop("stopped by a signal")
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -91,14 +91,7 @@ class ClosedLoop:
         self._stopping = True
         self.target = 0
         self._running.set()  # paused users must wake up to leave
-        tasks = list(self._users.values())
-        if not tasks:
-            return
-        _done, pending = await asyncio.wait(tasks, timeout=grace)
-        for t in pending:
-            t.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        await finish_within(list(self._users.values()), grace)
 
 
 class OpenLoop:
@@ -192,11 +185,16 @@ class OpenLoop:
             self._scheduler = None
         self._paused = True
         self.backlog.clear()
-        tasks = list(self._tasks)
-        if not tasks:
-            return
-        _done, pending = await asyncio.wait(tasks, timeout=grace)
-        for t in pending:
-            t.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        await finish_within(list(self._tasks), grace)
+
+
+async def finish_within(tasks: list[asyncio.Task], grace: float) -> None:
+    """Let requests in flight finish for `grace` seconds, then cancel the rest (each
+    cancelled request is counted as such by the client)."""
+    if not tasks:
+        return
+    _done, pending = await asyncio.wait(tasks, timeout=grace)
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)

@@ -359,6 +359,16 @@ class Recorder:
         self._streams = {}
 
 
+def resumed(given: RunConfig):
+    """`--resume DIR`: the recorded config and where to pick up, with what the new command
+    line may change (`--on-disk-full`, and `--duration` meaning "this much more load")."""
+    cfg, resume = read_resume(given.resume)
+    cfg.on_disk_full = given.on_disk_full
+    if given.duration is not None:
+        cfg.duration = given.duration
+    return cfg, resume
+
+
 def read_resume(run_dir: Path | str):
     """(RunConfig, ResumeFrom) to continue the run in `run_dir` (`tokentop run --resume`).
 

@@ -119,37 +119,6 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
               f"load; fsync {rec.fsyncs}× costing {fsync_ms:.2f} ms each")
 
 
-def break_hdrh_cycles() -> None:
-    """--hdrh-cycle-fix: what loadgen.hdr would do if it dropped hdrh's histogram ↔ encoder
-    reference cycle after each encode/decode (measured here, applied in-process only)."""
-    from hdrh.histogram import HdrHistogram
-
-    from loadgen import hdr
-
-    def decode(blob):
-        h = HdrHistogram.decode(blob.encode("ascii") if isinstance(blob, str) else blob)
-        try:
-            if h.counts_len != hdr.COUNTS_LEN:
-                return original_decode(blob)
-            return np.ctypeslib.as_array(h.counts).astype(np.int64, copy=True)
-        finally:
-            h.encoder = None
-
-    def encode(dense):
-        h = HdrHistogram(hdr.LOWEST_US, hdr.HIGHEST_US, hdr.SIGNIFICANT_FIGURES)
-        try:
-            np.ctypeslib.as_array(h.counts)[:] = dense
-            nz = np.flatnonzero(dense)
-            if len(nz):
-                h.set_internal_tacking_values(int(nz[0]), int(nz[-1]), int(dense.sum()))
-            return h.encode().decode("ascii")
-        finally:
-            h.encoder = None
-
-    original_decode = hdr.decode
-    hdr.decode, hdr.encode = decode, encode
-
-
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=240.0)
@@ -158,11 +127,7 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--no-record", action="store_true")
-    p.add_argument("--hdrh-cycle-fix", action="store_true",
-                   help="measure with loadgen.hdr dropping hdrh's reference cycles")
     args = p.parse_args()
-    if args.hdrh_cycle_fix:
-        break_hdrh_cycles()
     if args.minutes:
         args.seconds = args.minutes * 60.0
     port = free_port()
