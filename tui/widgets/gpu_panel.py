@@ -46,6 +46,8 @@ def temperature(g: GpuSample) -> str:
 
 
 def clocks(g: GpuSample) -> str:
+    if g.simulated and g.sm_clock_mhz is None and g.mem_clock_mhz is None:
+        return ""  # the simulator models no clocks: nothing to say, not "n/a"
     sm = NA if g.sm_clock_mhz is None else f"{g.sm_clock_mhz:.0f}"
     if g.mem_clock_mhz is None:
         return f"[{MUTED}]SM[/] {sm} MHz"
@@ -65,7 +67,7 @@ def throttle(g: GpuSample) -> str:
 
 
 def extras(g: GpuSample) -> str:
-    parts = [clocks(g)]
+    parts = [clocks(g)] if clocks(g) else []
     if g.pcie_tx_kbs is not None and g.pcie_rx_kbs is not None:
         tx, rx = g.pcie_tx_kbs / 1024, g.pcie_rx_kbs / 1024
         parts.append(f"[{MUTED}]PCIe[/] ↑{tx:.0f} ↓{rx:.0f} MB/s")
@@ -97,7 +99,8 @@ def gpu_line(g: GpuSample, width: int, tag_simulated: bool, two_lines: bool) -> 
         line += " [$accent]simulated[/]"
     more = extras(g)
     if two_lines:
-        line += f"\n{' ' * (name_w + 3)}{more}"
+        if more:
+            line += f"\n{' ' * (name_w + 3)}{more}"
     else:
         # one line: the slowdown matters more than the clock, so it goes first
         reasons = throttle(g)
