@@ -37,7 +37,7 @@ from themes import DEFAULT_THEME, MONO_THEME, THEME_NAMES, register_themes
 from tui.config import load_config, save_setting
 from tui.format import fmt_ms
 from tui.help_screen import HelpScreen
-from tui.history import History
+from tui.history import SHOWN_METRICS, History
 from tui.screens import DETAIL_SCREENS, DetailScreen, InputModal
 from tui.widgets import (
     EventsPanel,
@@ -364,7 +364,7 @@ class TokentopApp(App[None]):
             view = None
             if snap is not None:
                 names = dict.fromkeys((*BASE_WINDOWS, self.window))
-                stats = {w: self.windows.stats(w) for w in names}
+                stats = {w: self.windows.stats(w, SHOWN_METRICS) for w in names}
                 tpj = self.tokens_per_joule()
                 view = View(
                     snap=snap, stats=stats, window=self.window, history=self.history,
