@@ -111,8 +111,8 @@ class ServerMetrics(msgspec.Struct, kw_only=True):
     prompt_tok_s: float | None = None
     generation_tok_s: float | None = None
     restarts: int = 0  # counter resets seen since the probe started
-    # the server's own latency quantiles over the last scrape interval, from its histogram
-    # buckets: {"ttft": {"p50": ms, "p99": ms}, "itl": …, "e2e": …, "queue": …}
+    # the server's own latency quantiles over the last ~10 s, from its histogram buckets:
+    # {"ttft": {"p50": ms, "p90": ms, "p99": ms}, "itl": …, "e2e": …, "queue": …}
     latency_ms: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
     # unknown engines: a few of the gauges that are there, by name
     generic: dict[str, float] = msgspec.field(default_factory=dict)

@@ -15,6 +15,7 @@ import asyncio
 import math
 import socket
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -138,12 +139,18 @@ def bucket_delta(before: Buckets, after: Buckets) -> Buckets | None:
     return out
 
 
-class MetricsTracker:
-    """Keeps the previous page to turn counters into rates and buckets into quantiles."""
+QUANTILE_WINDOW_S = 10.0  # server-side quantiles cover about this much recent time
 
-    def __init__(self) -> None:
+
+class MetricsTracker:
+    """Keeps recent pages: counters between the last two give rates, histogram buckets over
+    the last ~10 s give the server's own quantiles (one 1 s scrape interval often holds no
+    finished request, and a quantile of nothing would read "n/a" half the time)."""
+
+    def __init__(self, window_s: float = QUANTILE_WINDOW_S) -> None:
         self.restarts = 0
-        self._prev: tuple[float, Page] | None = None
+        self.window_s = window_s
+        self._pages: deque[tuple[float, Page]] = deque()
 
     def feed(self, text: str, url: str, t: float) -> ServerMetrics:
         """Parse a page scraped at monotonic time `t` and fill its rates and quantiles."""
@@ -153,26 +160,31 @@ class MetricsTracker:
         m = page.metrics
         if not m.ok:
             m.restarts = self.restarts
-            return m  # keep the last good page: the next good one is compared with it
-        prev, self._prev = self._prev, (t, page)
-        if prev is not None and prev[1].metrics.engine == m.engine and t > prev[0]:
-            self._compare(prev[1], page, t - prev[0])
+            return m  # keep the last good pages: the next good one is compared with them
+        while len(self._pages) > 1 and self._pages[0][0] < t - self.window_s:
+            self._pages.popleft()
+        if self._pages:
+            t_prev, prev = self._pages[-1]
+            if prev.metrics.engine != m.engine or _was_reset(prev, page):
+                if prev.metrics.engine == m.engine:
+                    self.restarts += 1  # this interval straddles a restart: no rates, no quantiles
+                self._pages.clear()
+            elif t > t_prev:
+                self._rates(prev, page, t - t_prev)
+                self._quantiles(page, t)
+        self._pages.append((t, page))
         m.restarts = self.restarts
         return m
 
-    def _compare(self, before: Page, after: Page, dt: float) -> None:
+    @staticmethod
+    def _rates(before: Page, after: Page, dt: float) -> None:
         a, b = before.metrics, after.metrics
-        counters = ("prompt_tokens_total", "generation_tokens_total", "preemptions_total")
-        reset = any(_went_down(getattr(a, c), getattr(b, c)) for c in counters)
-        for key, buckets in after.histograms.items():
-            old = before.histograms.get(key)
-            if old is not None and old[-1][1] > buckets[-1][1]:
-                reset = True  # fewer observations than before
-        if reset:
-            self.restarts += 1
-            return  # this interval straddles a restart: no rates, no quantiles
         b.prompt_tok_s = _rate(a.prompt_tokens_total, b.prompt_tokens_total, dt)
         b.generation_tok_s = _rate(a.generation_tokens_total, b.generation_tokens_total, dt)
+
+    def _quantiles(self, after: Page, t: float) -> None:
+        # the oldest page still inside the window (the deque holds nothing older)
+        _, before = self._pages[0]
         for key, buckets in after.histograms.items():
             old = before.histograms.get(key)
             delta = None if old is None else bucket_delta(old, buckets)
@@ -180,7 +192,22 @@ class MetricsTracker:
                 continue
             quantiles = {name: histogram_quantile(q, delta) for name, q in QUANTILES.items()}
             if all(v is not None for v in quantiles.values()):
-                b.latency_ms[key] = {k: round(v, 3) for k, v in quantiles.items() if v is not None}
+                after.metrics.latency_ms[key] = {
+                    k: round(v, 3) for k, v in quantiles.items() if v is not None
+                }
+
+
+def _was_reset(before: Page, after: Page) -> bool:
+    """A counter or a histogram went down: the server restarted between the two pages."""
+    a, b = before.metrics, after.metrics
+    counters = ("prompt_tokens_total", "generation_tokens_total", "preemptions_total")
+    if any(_went_down(getattr(a, c), getattr(b, c)) for c in counters):
+        return True
+    for key, buckets in after.histograms.items():
+        old = before.histograms.get(key)
+        if old is not None and old[-1][1] > buckets[-1][1]:
+            return True  # fewer observations than before
+    return False
 
 
 def _went_down(before: float | None, after: float | None) -> bool:

@@ -372,3 +372,17 @@ async def test_slow_server_times_out(
         await runner.cleanup()
     assert not m.ok
     assert m.error == "timed out after 0.2 s"
+
+
+def test_server_quantiles_cover_the_last_ten_seconds_not_one_scrape() -> None:
+    """A 1 s scrape interval often holds no finished request; the quantiles still come from
+    the observations of the last ~10 s, and age out after that."""
+    tracker = MetricsTracker()
+    tracker.feed(fixture("vllm"), URL, t=0.0)
+    assert tracker.feed(fixture("vllm_next"), URL, t=1.0).latency_ms["ttft"] == \
+        pytest.approx(QUANTILES_MS)
+    quiet = tracker.feed(fixture("vllm_next"), URL, t=2.0)  # nothing new finished
+    assert quiet.latency_ms["ttft"] == pytest.approx(QUANTILES_MS)
+    assert quiet.generation_tok_s == 0.0  # the rate is the last interval's
+    later = tracker.feed(fixture("vllm_next"), URL, t=12.5)
+    assert later.latency_ms == {}  # the window no longer holds those observations
