@@ -96,3 +96,34 @@ async def test_brackets_raise_in_flight_to_20_and_p_pauses_and_resumes(sim):
         source = app.source
         await pilot.press("q", "q")
         await until(pilot, lambda: source.proc is not None and source.proc.returncode is not None)
+
+
+async def test_a_auto_ramps_to_the_slo_boundary_and_a_key_takes_over():
+    """4 slots: past 4 streams a request waits a whole request for its first token, so
+    ttft_p99<60ms holds at 4 and not at 8; `a` climbs and settles at 4 in bounded time."""
+    from loadgen.sim import SimConfig, start_sim
+
+    sim = await start_sim(SimConfig(slots=4), host="127.0.0.1", port=0)
+    cfg = RunConfig(url=sim.url, concurrency=1, output_tokens="32", slo="ttft_p99<60ms",
+                    workers=1, tick=0.25, drain_grace=1.0, auto_ramp_hold=1.5,
+                    auto_ramp_warmup=1.0)
+    app = TokentopApp(EngineProcess(cfg), refresh=0.1, slo=cfg.slo)
+    last = lambda: app.windows.last  # noqa: E731
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: last() is not None)
+            await pilot.press("a")
+            await until(pilot, lambda: (last().load.note or "").startswith("auto-ramp: trying"))
+            await until(pilot, lambda: (last().load.note or "").startswith(
+                "auto-ramp settled at 4 streams"), seconds=45)
+            await until(pilot, lambda: "auto-ramp settled at 4" in app.query_one("#load").plain)
+            assert last().load.target_concurrency == 4
+            await pilot.press("plus")  # a manual key takes control back
+            await until(pilot, lambda: last().load.target_concurrency == 5)
+            await until(pilot, lambda: last().load.note is None)
+            source = app.source
+            await pilot.press("q", "q")
+            await until(pilot, lambda: source.proc is not None
+                        and source.proc.returncode is not None)
+    finally:
+        await sim.close()
