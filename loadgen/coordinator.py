@@ -18,6 +18,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
@@ -134,8 +135,11 @@ class Coordinator:
         self.host = HostProbe()
         root = base.removesuffix("/v1")
         self.gpu = await GpuProbe.create(root, self._session)
+        metrics_url = cfg.metrics_url or metrics_url_for(base)
+        # the API key goes to /metrics only on the target's own origin, never to another host
+        same_origin = urlsplit(metrics_url)[:2] == urlsplit(base)[:2]
         self.server_probe = ServerMetricsProbe(
-            cfg.metrics_url or metrics_url_for(base), self._session, bearer_token=self.api_key
+            metrics_url, self._session, bearer_token=self.api_key if same_origin else None
         )
         self.process_probe = self._process_probe(base)
         await self._sample_probes()
