@@ -17,10 +17,6 @@ from pathlib import Path
 
 from loadgen import __version__
 
-SUBCOMMANDS = (
-    "run", "sweep", "replay", "report", "compare", "agent", "fleet", "sim", "calibrate", "probe",
-)
-
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but an error is one line that says what to do."""
@@ -214,39 +210,31 @@ def run_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv and argv[0] == "sim":
-            return _sim(argv[1:])
-        if argv and argv[0] == "calibrate":
-            return _calibrate(argv[1:])
-        if argv and argv[0] == "probe":
-            return _probe(argv[1:])
-        if argv and argv[0] == "sweep":
-            return _sweep(argv[1:])
-        if argv and argv[0] == "replay":
-            return _replay(argv[1:])
-        if argv and argv[0] == "report":
-            from loadgen.report import main as report_main
-
-            return report_main(argv[1:])
-        if argv and argv[0] == "compare":
-            from loadgen.compare import main as compare_main
-
-            return compare_main(argv[1:])
-        if argv and argv[0] == "agent":
-            return _agent(argv[1:])
-        if argv and argv[0] == "fleet":
-            return _fleet(argv[1:])
-        if argv and argv[0] == "run":
-            args = run_parser().parse_args(argv[1:])
-            if args.headless:
-                return _headless(args)
-            return _console(args)
+        if argv and argv[0] in COMMANDS:
+            return COMMANDS[argv[0]](argv[1:])
         if argv and not argv[0].startswith("-"):
             _fail(f"unknown command {argv[0]!r}; the commands are: {', '.join(SUBCOMMANDS)} "
                   "(or options alone for the console)")
         return _console(console_parser().parse_args(argv))
     except KeyboardInterrupt:
         return 130
+
+
+def _run(argv: list[str]) -> int:
+    args = run_parser().parse_args(argv)
+    return _headless(args) if args.headless else _console(args)
+
+
+def _report(argv: list[str]) -> int:
+    from loadgen.report import main as report_main
+
+    return report_main(argv)
+
+
+def _compare(argv: list[str]) -> int:
+    from loadgen.compare import main as compare_main
+
+    return compare_main(argv)
 
 
 def _publish_to(args: argparse.Namespace):
@@ -378,6 +366,13 @@ def _sim(argv: list[str]) -> int:
     p = _Parser(prog="tokentop sim", description="The simulated OpenAI-compatible server alone.")
     add_sim_arguments(p)
     return run_sim_forever(p.parse_args(argv))
+
+
+COMMANDS = {
+    "run": _run, "sweep": _sweep, "replay": _replay, "report": _report, "compare": _compare,
+    "agent": _agent, "fleet": _fleet, "sim": _sim, "calibrate": _calibrate, "probe": _probe,
+}
+SUBCOMMANDS = tuple(COMMANDS)
 
 
 if __name__ == "__main__":
