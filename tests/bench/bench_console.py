@@ -88,9 +88,11 @@ def main() -> int:
     command = (f"cd {ROOT} && env XDG_CONFIG_HOME={tmp} XDG_DATA_HOME={tmp} TERM=xterm-256color "
                f"script -q -f {log} -c '{console}'")
     tmux(socket, "new-session", "-d", "-s", "bench", "-x", str(width), "-y", str(height), command)
+    wrapper = None
     try:
         pane = int(tmux(socket, "display-message", "-p", "-t", "bench", "#{pane_pid}").strip())
         proc = find_console(pane, time.monotonic() + 30)
+        wrapper = proc.parent()  # `script`: it outlives a killed tmux, and the console with it
         t_start = time.monotonic()
         time.sleep(args.warmup)
         cpu0 = proc.cpu_times()
@@ -118,6 +120,9 @@ def main() -> int:
               f"({(b1 - b0) / dt:.0f} bytes/s; {b1} bytes in all)")
     finally:
         tmux(socket, "kill-server", check=False)
+        if wrapper is not None:
+            with contextlib.suppress(psutil.Error):
+                wrapper.terminate()  # the console sees its terminal go and stops the load
         if sim is not None:
             sim.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
