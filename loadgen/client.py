@@ -50,8 +50,11 @@ class StreamingClient:
         t_intended: float | None = None,
         cancel_after_tokens: int | None = None,
         cancel_after_s: float | None = None,
-    ) -> None:
-        """One streamed request; never raises except CancelledError (counted first)."""
+    ) -> bool:
+        """One streamed request; never raises except CancelledError (counted first).
+
+        Returns False when the server could not be reached at all, so that a closed-loop
+        user backs off instead of spinning on refused connections."""
         self.in_flight += 1
         payload = self.endpoint.request_bytes(body)
         conn: StreamConnection | None = None
@@ -90,8 +93,10 @@ class StreamingClient:
                 self.rec.error("timeout", f"no complete answer within {self.timeout:g} s")
         except OSError as e:
             self.rec.error("connect", f"cannot connect to {self.url}: {_reason(e)}")
+            return False
         finally:
             self.in_flight -= 1
+        return True
 
     async def _connection(self) -> tuple[StreamConnection, bool]:
         while self._idle:

@@ -43,8 +43,14 @@ class Arrivals:
         return self.rng.gammavariate(self.shape, mean / self.shape)
 
 
+# A user whose server refuses connections waits before trying again (doubling up to the
+# cap), as any real client would: otherwise an outage turns into a busy loop of tens of
+# thousands of refused connections a second that swamps the worker and the error counts.
+RECONNECT_BACKOFF_S = (0.05, 1.0)
+
+
 class ClosedLoop:
-    def __init__(self, send_one: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, send_one: Callable[[], Awaitable[bool]]) -> None:
         self._send_one = send_one
         self.target = 0
         self._users: dict[int, asyncio.Task] = {}
@@ -80,11 +86,17 @@ class ClosedLoop:
             self._running.set()
 
     async def _user(self, uid: int) -> None:
+        first, cap = RECONNECT_BACKOFF_S
+        backoff = first
         while uid < self.target and not self._stopping:
             if not self._running.is_set():
                 await self._running.wait()
                 continue
-            await self._send_one()
+            if await self._send_one():
+                backoff = first
+            else:
+                await asyncio.sleep(backoff)
+                backoff = min(cap, backoff * 2)
 
     async def drain(self, grace: float) -> None:
         """Stop sending; let in-flight requests finish for `grace` seconds, then cancel them."""
@@ -107,7 +119,7 @@ class OpenLoop:
 
     def __init__(
         self,
-        send_at: Callable[[float], Awaitable[None]],
+        send_at: Callable[[float], Awaitable[bool]],
         arrivals: Arrivals,
         on_overflow: Callable[[], None],
     ) -> None:

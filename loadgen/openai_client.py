@@ -52,7 +52,8 @@ class OpenAIClient:
         t_intended: float | None = None,
         cancel_after_tokens: int | None = None,
         cancel_after_s: float | None = None,
-    ) -> None:
+    ) -> bool:
+        """As StreamingClient.request: False when the server could not be reached."""
         params = msgspec.json.decode(body)
         extra = {k: params.pop(k) for k in _EXTRA if k in params}
         create = self.sdk.chat.completions.create if self.chat else self.sdk.completions.create
@@ -90,6 +91,7 @@ class OpenAIClient:
         except openai.APIConnectionError as e:
             kind = "stream_broken" if m.started else "connect"
             self.rec.error(kind, f"{type(e).__name__}: {e.__cause__ or e}")
+            return m.started
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             self.rec.error("malformed_chunk", f"bad chunk: {e}")
         except Exception as e:
@@ -97,8 +99,10 @@ class OpenAIClient:
             # between releases); whatever it is, it is a counted error, never a dead worker
             kind = "stream_broken" if m.started else "connect"
             self.rec.error(kind, f"{type(e).__name__}: {e}")
+            return m.started
         finally:
             self.in_flight -= 1
+        return True
 
     def close(self) -> None:
         # the SDK's httpx client closes with the process; nothing is kept per request

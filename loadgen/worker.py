@@ -75,21 +75,22 @@ class Worker:
 
     # ---- sending ------------------------------------------------------------------------
 
-    async def _send_one(self) -> None:
-        await self._send_at(None)
+    async def _send_one(self) -> bool:
+        return await self._send_at(None)
 
-    async def _send_at(self, t_intended: float | None) -> None:
+    async def _send_at(self, t_intended: float | None) -> bool:
+        """One request; False when the server could not be reached (the user backs off)."""
         limit = self.cfg.max_requests
         if limit is not None and self.sent >= limit:
             # this worker's share of --requests is used up: stop asking for more
             self.closed.set_target(0)
             self.open.set(0.0, self.open.cap)
-            return
+            return True
         self.sent += 1
         body, words = self.factory.next()
         c = self.cfg.cancelling
         abandon = c.rate > 0 and self.rng.random() < c.rate
-        await self.client.request(
+        return await self.client.request(
             body, words, t_intended,
             cancel_after_tokens=c.after_tokens if abandon else None,
             cancel_after_s=c.after_s if abandon else None,

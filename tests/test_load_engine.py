@@ -193,6 +193,10 @@ async def test_an_outage_and_its_recovery_are_seen(sim):
         await finish(coord)
     kinds = [e.kind for e in events]
     assert "outage" in kinds and "recovery" in kinds
+    # users back off while connections are refused (50 ms doubling to 1 s): a handful of
+    # attempts each, not a busy loop of thousands
+    connect = end.counters.errors.get("connect", 0)
+    assert 1 <= connect <= 4 * 8, end.counters.errors
     recovery = next(e for e in events if e.kind == "recovery")
     lasted = float(recovery.message.split("after ")[1].split(" s")[0])
     assert 1.0 <= lasted <= 6.0
