@@ -221,3 +221,12 @@ async def test_user_text_with_brackets_is_shown_literally() -> None:
     async with app.run_test(size=(120, 24)) as pilot:
         await wait_until(pilot, lambda: app.ended)
         await wait_until(pilot, lambda: message in text(app, "#header"))
+
+
+async def test_a_replay_says_so_in_the_header() -> None:
+    src = held()
+    src.description = "replay: /runs/20261130-010203-abc"
+    app = TokentopApp(src, refresh=0.05)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_drawn(pilot, app)
+        assert text(app, "#header").startswith("tokentop  replay")

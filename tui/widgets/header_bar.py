@@ -52,8 +52,11 @@ def header_markup(
         warm = "  [b $warning]warm-up[/]" if snap.load.warmup else ""
         engine = snap.server.engine if snap.server is not None and snap.server.engine else None
         eng = f"  [{MUTED}]engine[/] {literal(engine)}" if engine else ""
+        # a replay or a fleet agent says so first: nobody should take it for a live run here
+        source = description.split(None, 1)[0].rstrip(":") if description else ""
+        tag = f"[b $accent]{literal(source)}[/]  " if source in ("replay", "fleet") else ""
         line = (
-            f"[b]tokentop[/]  {state_badge(run_state)}"
+            f"[b]tokentop[/]  {tag}{state_badge(run_state)}"
             f"  {fmt_elapsed(snap.elapsed)}  [{MUTED}]{literal(load_mode(snap))}[/]{warm}{sim}"
             f"{eng}  [b]{literal(snap.target.model)}[/] [{MUTED}]@[/] {literal(snap.target.url)}"
         )
