@@ -464,9 +464,9 @@ class Recording:
         if self._first:
             self._first = False
             if self._notice:
-                snap.events.append(Event(t=snap.t, kind="recording", message=self._notice))
+                snap.events.append(Event(t=snap.t, kind="record", message=self._notice))
             if self.error:
-                ev = Event(t=snap.t, kind="recording", level="error", message=self.error)
+                ev = Event(t=snap.t, kind="record", level="error", message=self.error)
                 snap.events.append(ev)
                 return ev
         if self.recorder is None or self.recorder.failed is not None:
@@ -479,7 +479,7 @@ class Recording:
             else:
                 self.error = f"{e}; stopping the load (--on-disk-full=continue keeps it running)"
                 self.stop_load = True
-            ev = Event(t=snap.t, kind="recording", level="error", message=self.error)
+            ev = Event(t=snap.t, kind="record", level="error", message=self.error)
             snap.events.append(ev)
             return ev
         return None

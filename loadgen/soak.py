@@ -309,7 +309,7 @@ class SoakAnalyzer:
         # events
         for ev in snap.events:
             self.event_counts[ev.kind] = self.event_counts.get(ev.kind, 0) + 1
-            if (ev.level != "info" or ev.kind in ("run", "operator", "recording")) \
+            if (ev.level != "info" or ev.kind in ("run", "operator", "record", "recording")) \
                     and len(self.events) < 5000:
                 self.events.append({"t": ev.t, "rel": round(ev.t - (self.start_time or 0), 3),
                                     "kind": ev.kind, "level": ev.level, "message": ev.message})
