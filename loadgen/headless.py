@@ -186,6 +186,9 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
             "req_s": run.req_s,
             # requests/s within every --slo limit (None when no --slo was given)
             "goodput_req_s": run.goodput_req_s if cfg.slo else None,
+            # what one user sees stream in: 1 / TPOT, so its median is 1 / median TPOT and
+            # its slow tail (p10) is 1 / TPOT's p90
+            "per_user_tok_s": _per_user(run.latency.get("tpot")),
         },
         "latency_ms": latency,
         "server": msgspec.to_builtins(last.server) if last and last.server else None,
@@ -203,6 +206,13 @@ def thresholds(cfg: RunConfig, windows: SnapshotWindows) -> list[dict]:
     rates = rates_from(run.requests_ok, run.requests_failed, round(good), run.output_tokens,
                        run.seconds)
     return evaluate_thresholds(slos.thresholds, run.latency, rates)
+
+
+def _per_user(tpot: dict | None) -> dict[str, float | None]:
+    def inv(us: float | None) -> float | None:
+        return None if not us else 1e6 / us
+
+    return {"p50": inv((tpot or {}).get("p50")), "p10": inv((tpot or {}).get("p90"))}
 
 
 def exit_status(summary: dict) -> tuple[int, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from aiohttp import web
 from support import scrape, tokentop
 
@@ -34,6 +35,9 @@ async def test_headless_counts_match_the_servers_own_counters(sim, tmp_path):
         assert lat["count"] > 0
         assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
     assert result["throughput"]["output_tok_s"] > 0
+    per_user = result["throughput"]["per_user_tok_s"]
+    assert per_user["p50"] == pytest.approx(1000.0 / result["latency_ms"]["tpot"]["p50"])
+    assert per_user["p10"] <= per_user["p50"]
     # one progress line a second on stderr, not a TUI
     progress = [line for line in proc.stderr.splitlines() if line.startswith("[")]
     assert len(progress) >= 3
