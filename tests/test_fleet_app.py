@@ -7,6 +7,7 @@ import asyncio
 from mosquitto import Mosquitto, settings, small_run, start_agent, until
 
 from loadgen.fleet import FleetMonitor
+from loadgen.fleet_merged import FleetMergedSource
 from tui.app import TokentopApp
 from tui.fleet_app import FleetApp
 from tui.widgets.fleet_table import FLEET_KEY, FleetTable
@@ -64,6 +65,17 @@ async def test_fleet_console_lists_controls_and_opens_agents(sim, tmp_path):
                 await until(lambda: monitor.agents["alpha"].last.load.target_concurrency == 2,
                             5, "alpha back at 2 streams")
             assert not monitor.agents["alpha"].listeners  # closing the view only detaches
+
+            # the fleet row opens every agent merged into the same console
+            fleet_view = TokentopApp(FleetMergedSource(monitor, tick=0.25), refresh=0.05)
+            async with fleet_view.run_test(size=(100, 30)) as pilot:
+                await until(lambda: fleet_view.windows.last is not None
+                            and fleet_view.windows.last.target.url == "2 of 2 agents", 10,
+                            "the merged fleet drawn")
+                await until(lambda: str(fleet_view.query_one("#header").render()).startswith(
+                    "tokentop  fleet  ● running"), 10, "the header names the fleet view")
+                await until(lambda: fleet_view.windows.last.counters.requests_ok > 0, 10,
+                            "fleet totals")
             assert monitor.agents["alpha"].state(asyncio.get_running_loop().time()) != "offline"
         finally:
             for task in agents:

@@ -6,7 +6,8 @@ The table lists agents (online, stale, offline) with their headline numbers;
 the first row is the fleet, its P99s taken from the agents' interval
 histograms added together (exact, not an average of P99s). Keys:
 
-    enter     open the selected agent in the full console (q there comes back here)
+    enter     open the selected agent in the full console (q there comes back here);
+              on the fleet row: every agent merged into one console (exact percentiles)
     + - ] [   its concurrency ±1 / ±10          p  pause / resume it
     a         send those to every agent instead  q  quit
 
@@ -99,10 +100,11 @@ class FleetApp(App[str | None]):
 
     def action_open(self) -> None:
         key = self.query_one(FleetTable).selected_key()
-        if key is None or key == FLEET_KEY:
-            self.notify("select an agent to open its console", severity="warning")
+        if key is None:
+            self.notify("select an agent (or the fleet row) to open its console",
+                        severity="warning")
             return
-        self.exit(key)
+        self.exit(key)  # FLEET_KEY: the whole fleet merged into one console
 
     def on_data_table_row_selected(self, _event: FleetTable.RowSelected) -> None:
         self.action_open()  # the table takes enter for itself and says so with this message
@@ -176,6 +178,7 @@ def fleet_main(args: argparse.Namespace) -> int:
 
 
 async def _fleet(settings, fleet: str, args: argparse.Namespace) -> int:
+    from loadgen.fleet_merged import FleetMergedSource
     from tui.app import TokentopApp
 
     monitor = FleetMonitor(settings, fleet, stale_after=args.stale_after)
@@ -185,7 +188,8 @@ async def _fleet(settings, fleet: str, args: argparse.Namespace) -> int:
             choice = await FleetApp(monitor, refresh=args.refresh, theme=args.theme).run_async()
             if not choice:
                 return 0
-            await TokentopApp(monitor.source(choice), theme=args.theme).run_async()
+            source = FleetMergedSource(monitor) if choice == FLEET_KEY else monitor.source(choice)
+            await TokentopApp(source, theme=args.theme).run_async()
     finally:
         await monitor.close()
 
