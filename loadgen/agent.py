@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import re
 import socket
 import sys
@@ -327,29 +326,18 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
                        help="do not write a run directory")
 
 
-def _api_key(args: argparse.Namespace) -> str | None:
-    path = getattr(args, "api_key_file", None)
-    if path is not None:
-        try:
-            return Path(path).read_text().strip() or None
-        except OSError as e:
-            raise ConfigError(f"cannot read --api-key-file {path}: {e.strerror}") from None
-    return os.environ.get("OPENAI_API_KEY") or None
-
-
 async def agent_main(args: argparse.Namespace) -> int:
     """`tokentop agent`: bad input is one line on stderr and exit code 2."""
     from loadgen.mqtt_link import check_level
+    from tui.cli import api_key_from, run_config
 
     _quiet_logging()
-    fields = set(RunConfig.__struct_fields__)
+    # the same arguments as `tokentop run`, read the same way (one line and exit 2 if bad)
+    cfg, key = run_config(args), api_key_from(args)
     try:
-        cfg = RunConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
-        cfg.parsed()
         settings = broker_from_args(args)
         name = check_level("agent", args.name or default_name())
         fleet = check_level("fleet", args.fleet)
-        key = _api_key(args)
     except (ConfigError, BrokerError) as e:
         print(f"tokentop: {e}", file=sys.stderr)
         return 2

@@ -49,6 +49,7 @@ from probes.server_metrics import ServerMetricsProbe, metrics_url_for
 
 log = logging.getLogger("tokentop.coordinator")
 
+METRICS_TOKEN_ENV = "TOKENTOP_METRICS_TOKEN"  # never on a command line, never recorded
 PROBE_PERIOD_S = 1.0
 ERROR_EVENT_EVERY_S = 5.0  # one event per error kind at most this often, with the count
 ERROR_RATE_WINDOW_S = 10.0  # --stop-error-rate looks this far back …
@@ -136,11 +137,11 @@ class Coordinator:
         root = base.removesuffix("/v1")
         self.gpu = await GpuProbe.create(root, self._session)
         metrics_url = cfg.metrics_url or metrics_url_for(base)
-        # the API key goes to /metrics only on the target's own origin, never to another host
+        # a token of its own for /metrics (--metrics-token-file); else the API key, but only
+        # on the target's own origin, never sent to another host
         same_origin = urlsplit(metrics_url)[:2] == urlsplit(base)[:2]
-        self.server_probe = ServerMetricsProbe(
-            metrics_url, self._session, bearer_token=self.api_key if same_origin else None
-        )
+        token = os.environ.get(METRICS_TOKEN_ENV) or (self.api_key if same_origin else None)
+        self.server_probe = ServerMetricsProbe(metrics_url, self._session, bearer_token=token)
         self.process_probe = self._process_probe(base)
         await self._sample_probes()
         self._probe_task = asyncio.create_task(self._probe_loop())

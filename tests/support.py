@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -22,10 +23,16 @@ async def scrape(url: str) -> dict[str, float]:
 
 def tokentop(*args: str, timeout: float = 90.0) -> subprocess.CompletedProcess:
     """Run the real command line (as `python -m tui.cli`, the console script's target)."""
+    return tokentop_env({}, *args, timeout=timeout)
+
+
+def tokentop_env(env: dict[str, str], *args: str, timeout: float = 90.0):
+    """`tokentop` with extra environment variables (secrets travel that way, never argv)."""
     return subprocess.run(
         [sys.executable, "-m", "tui.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         stdin=subprocess.DEVNULL,
+        env={**os.environ, **env},
     )

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from aiohttp import web
-from support import scrape, tokentop
+from support import scrape, tokentop, tokentop_env
 
 
 async def test_headless_counts_match_the_servers_own_counters(sim, tmp_path):
@@ -108,3 +108,38 @@ async def test_every_request_failing_is_exit_1(sim, tmp_path):
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["requests"]["ok"] == 0
     assert result["requests"]["errors"].get("http_4xx", 0) == result["requests"]["failed"] > 0
+
+
+async def test_api_key_never_goes_to_another_host_and_metrics_token_does(sim, tmp_path,
+                                                                          unused_tcp_port):
+    seen: list[str | None] = []
+
+    async def metrics(request):
+        seen.append(request.headers.get("Authorization"))
+        return web.Response(text="vllm:num_requests_running 0\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", unused_tcp_port).start()
+    other = f"http://127.0.0.1:{unused_tcp_port}/metrics"  # another origin than the target
+    token = tmp_path / "token"
+    token.write_text("metrics-token-123\n")
+    env_key = {"OPENAI_API_KEY": "sk-secret-key-456"}
+    try:
+        for extra in ([], ["--metrics-token-file", str(token)]):
+            seen.clear()
+            proc = await asyncio.to_thread(
+                tokentop_env, env_key, "run", "--headless", "--url", sim.url, "--duration", "1.5",
+                "-c", "1", "--output-tokens", "4", "--metrics-url", other, "--no-record", *extra,
+            )
+            assert proc.returncode == 0, proc.stderr
+            assert seen, "the metrics endpoint was scraped"
+            if extra:
+                assert set(seen) == {"Bearer metrics-token-123"}
+            else:
+                assert set(seen) == {None}
+            assert "sk-secret-key-456" not in proc.stderr + proc.stdout
+    finally:
+        await runner.cleanup()

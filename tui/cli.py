@@ -80,6 +80,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="file holding the API key (default: $OPENAI_API_KEY); never on the "
                    "command line, so it stays out of shell history and `ps`")
     t.add_argument("--metrics-url", help="the server's Prometheus /metrics, when not at URL root")
+    t.add_argument("--metrics-token-file", type=Path,
+                   help="file holding a bearer token for --metrics-url (default: "
+                   "$TOKENTOP_METRICS_TOKEN, else the API key when /metrics is on the same host)")
     t.add_argument("--sim-profile", help="embedded simulator: a named deployment "
                    "(see tokentop sim --help)")
     t.add_argument("--sim-arg", action="append", default=[], metavar="FLAG",
@@ -154,7 +157,15 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def _api_key(args: argparse.Namespace) -> str | None:
+def api_key_from(args: argparse.Namespace) -> str | None:
+    """The API key (from its file or $OPENAI_API_KEY); a metrics token file is read here
+    too and handed on in the environment, like every secret."""
+    token_file = getattr(args, "metrics_token_file", None)
+    if token_file is not None:
+        try:
+            os.environ["TOKENTOP_METRICS_TOKEN"] = token_file.read_text().strip()
+        except OSError as e:
+            _fail(f"cannot read --metrics-token-file {token_file}: {e.strerror}")
     if args.api_key_file is not None:
         try:
             return args.api_key_file.read_text().strip() or None
@@ -263,7 +274,7 @@ def _headless(args: argparse.Namespace) -> int:
     if args.broker:
         _fail("--publish is for the console; a headless run that publishes is `tokentop agent`")
     cfg = run_config(args)
-    key = _api_key(args)
+    key = api_key_from(args)
     return eventloop.run(
         lambda: run_headless(cfg, api_key=key, json_path=args.json, record=args.record)
     )
@@ -281,7 +292,7 @@ def _console(args: argparse.Namespace) -> int:
     cfg = run_config(args)
     if args.broker:
         cfg.publish = _publish_to(args)
-    source = EngineProcess(cfg, _api_key(args))
+    source = EngineProcess(cfg, api_key_from(args))
     app = TokentopApp(source, theme=args.theme, refresh=args.refresh, slo=args.slo)
     app.run()
     return app.return_code or 0
@@ -306,7 +317,7 @@ def _sweep(argv: list[str]) -> int:
     p.description = "Raise the load step by step; find the knee and the max goodput."
     add_sweep_arguments(p)
     args = p.parse_args(argv)
-    cfg, key = run_config(args), _api_key(args)
+    cfg, key = run_config(args), api_key_from(args)
     return eventloop.run(lambda: sweep_main(cfg, args, key))
 
 
