@@ -44,8 +44,10 @@ class RollingHistograms:
         self.granularity = granularity
         self.dense = {m: np.zeros(hdr.COUNTS_LEN, np.int64) for m in METRICS}
         self._ring: deque[_Block] = deque()
-        self._pending: dict[str, np.ndarray] | None = None
-        self._pending_start = 0.0
+        self._pending = (
+            {m: np.zeros(hdr.COUNTS_LEN, np.int64) for m in METRICS} if granularity > 0 else {}
+        )
+        self._pending_start: float | None = None
 
     def add(self, t: float, interval: dict[str, np.ndarray]) -> None:
         for m, d in interval.items():
@@ -55,14 +57,15 @@ class RollingHistograms:
         if self.granularity <= 0:
             self._ring.append(_Block(t, {m: _sparse(d) for m, d in interval.items()}))
         else:
-            if self._pending is None:
-                self._pending = {m: np.zeros(hdr.COUNTS_LEN, np.int64) for m in METRICS}
+            if self._pending_start is None:
                 self._pending_start = t
             for m, d in interval.items():
                 self._pending[m] += d
             if t - self._pending_start >= self.granularity:
                 self._ring.append(_Block(t, {m: _sparse(d) for m, d in self._pending.items()}))
-                self._pending = None
+                for d in self._pending.values():
+                    d[:] = 0  # reused: no fresh 184 KB arrays every block
+                self._pending_start = None
         self._expire(t)
 
     def _expire(self, now: float) -> None:
@@ -75,7 +78,9 @@ class RollingHistograms:
         for d in self.dense.values():
             d[:] = 0
         self._ring.clear()
-        self._pending = None
+        for d in self._pending.values():
+            d[:] = 0
+        self._pending_start = None
 
 
 @dataclass

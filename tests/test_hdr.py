@@ -73,3 +73,25 @@ def test_windows_forget_old_intervals_and_keep_the_run():
     assert run.latency["ttft"]["p50"] < 1100
     assert abs(ten.req_s - 1.0) < 1e-9
     assert abs(run.output_tok_s - 300 / 30) < 1e-9
+
+
+def test_encoder_reuse_leaves_nothing_behind():
+    """The encoder's histogram is reused: an empty one after a full one must read empty."""
+    full = hdr.dense_from_sparse([hdr.sparse_counts(_values(500).astype(float))])
+    empty = np.zeros(hdr.COUNTS_LEN, np.int64)
+    hdr.encode(full)
+    lib = HdrHistogram.decode(hdr.encode(empty))
+    assert lib.get_total_count() == 0 and lib.get_max_value() == 0
+    small = hdr.dense_from_sparse([hdr.sparse_counts(np.array([123.0]))])
+    lib = HdrHistogram.decode(hdr.encode(small))
+    assert lib.get_total_count() == 1 and lib.get_max_value() == 123
+
+
+def test_percentile_curve_matches_the_library():
+    vals = _values(3000, seed=9)
+    lib = HdrHistogram(hdr.LOWEST_US, hdr.HIGHEST_US, hdr.SIGNIFICANT_FIGURES)
+    for v in vals:
+        lib.record_value(int(v))
+    dense = hdr.dense_from_sparse([hdr.sparse_counts(vals.astype(float))])
+    ps = [50.0, 90.0, 99.0, 99.9, 99.99]
+    assert hdr.percentile_curve(dense, ps) == [lib.get_value_at_percentile(p) for p in ps]
