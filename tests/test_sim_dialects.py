@@ -122,16 +122,16 @@ def test_llamacpp_dialect_looks_like_the_capture() -> None:
     from loadgen.sim.dialects import render
     from loadgen.sim.model import Engine
 
-    capture = Path(__file__).parents[2] / "shared" / "captures" / "llamacpp" / "metrics.txt"
+    # the real llama-server capture (a copy of ../shared/captures/llamacpp/metrics.txt)
+    capture = Path(__file__).parent / "fixtures" / "metrics" / "llamacpp.txt"
     ours = render("llamacpp", _started(Engine(SimConfig())))
 
     def shape(text: str) -> dict[str, str]:
         return {f.name: f.type for f in text_string_to_metric_families(text)}
 
-    if capture.exists():  # the shared captures sit beside the repository
-        real = shape(capture.read_text())
-        for name, kind in shape(ours).items():
-            assert real.get(name) == kind, name
+    real = shape(capture.read_text())
+    for name, kind in shape(ours).items():
+        assert real.get(name) == kind, name
     for family in text_string_to_metric_families(ours):
         assert all(not s.labels for s in family.samples)
 
