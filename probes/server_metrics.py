@@ -140,6 +140,7 @@ def bucket_delta(before: Buckets, after: Buckets) -> Buckets | None:
 
 
 QUANTILE_WINDOW_S = 10.0  # server-side quantiles cover about this much recent time
+MAX_PAGES = 32
 
 
 class MetricsTracker:
@@ -150,7 +151,8 @@ class MetricsTracker:
     def __init__(self, window_s: float = QUANTILE_WINDOW_S) -> None:
         self.restarts = 0
         self.window_s = window_s
-        self._pages: deque[tuple[float, Page]] = deque()
+        # by time, and by count too: whoever scrapes fast must not pile pages up
+        self._pages: deque[tuple[float, Page]] = deque(maxlen=MAX_PAGES)
 
     def feed(self, text: str, url: str, t: float) -> ServerMetrics:
         """Parse a page scraped at monotonic time `t` and fill its rates and quantiles."""
