@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import aiohttp
 import pytest
+from support import running_sim
 
 from loadgen.sim import SimConfig, start_sim
 
@@ -15,6 +17,19 @@ def private_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
     return home
+
+
+@pytest.fixture
+async def fast_sim():
+    """A simulator with fast steps (support.FAST), for tests that drive many requests."""
+    async with running_sim() as running:
+        yield running
+
+
+@pytest.fixture
+async def http():
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session
 
 
 @pytest.fixture

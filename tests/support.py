@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+
+from loadgen.sim import RunningSim, SimConfig, start_sim
 
 
 async def scrape(url: str) -> dict[str, float]:
@@ -36,3 +41,21 @@ def tokentop_env(env: dict[str, str], *args: str, timeout: float = 90.0):
         stdin=subprocess.DEVNULL,
         env={**os.environ, **env},
     )
+
+
+# a simulator with fast steps, for tests that drive many requests through it
+FAST = {"step_overhead_ms": 1.0, "decode_ms_per_seq": 0.05, "prefill_ms_per_token": 0.001}
+WAIT_S = 10.0  # upper bound on every poll loop
+
+
+@contextlib.asynccontextmanager
+async def running_sim(**overrides: Any) -> AsyncIterator[RunningSim]:
+    sim = await start_sim(SimConfig(**{**FAST, **overrides}), host="127.0.0.1", port=0)
+    try:
+        yield sim
+    finally:
+        await sim.close()
+
+
+def root(sim: RunningSim) -> str:
+    return sim.url.removesuffix("/v1")

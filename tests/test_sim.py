@@ -7,13 +7,14 @@ import contextlib
 import itertools
 import json
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support import FAST, WAIT_S, root, running_sim
 
 from loadgen.sim import (
     RunningSim,
@@ -25,33 +26,9 @@ from loadgen.sim import (
 
 MODEL = "tokentop-sim"
 # Short steps keep the suite fast; the model is the same.
-FAST = {"step_overhead_ms": 1.0, "decode_ms_per_seq": 0.05, "prefill_ms_per_token": 0.001}
-WAIT_S = 10.0  # upper bound on every poll loop
-
-
-@contextlib.asynccontextmanager
-async def running_sim(**overrides: Any) -> AsyncIterator[RunningSim]:
-    sim = await start_sim(SimConfig(**{**FAST, **overrides}), host="127.0.0.1", port=0)
-    try:
-        yield sim
-    finally:
-        await sim.close()
-
-
 @pytest.fixture
-async def sim() -> AsyncIterator[RunningSim]:
-    async with running_sim() as s:
-        yield s
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        yield session
-
-
-def root(sim: RunningSim) -> str:
-    return sim.url.removesuffix("/v1")
+def sim(fast_sim: RunningSim) -> RunningSim:
+    return fast_sim
 
 
 async def scrape(http: aiohttp.ClientSession, sim: RunningSim) -> dict[str, float]:

@@ -7,24 +7,22 @@ import contextlib
 import inspect
 import itertools
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
 from aiohttp.test_utils import make_mocked_request
+from support import WAIT_S, root, running_sim
 
 from loadgen.client import StreamingClient
 from loadgen.interval import IntervalRecorder
-from loadgen.sim import RunningSim, SimConfig, add_sim_arguments, config_from_args, start_sim
+from loadgen.sim import RunningSim, add_sim_arguments, config_from_args, start_sim
 from loadgen.sim.faults import FaultConfig
 from loadgen.sim.server import is_loopback
 from loadgen.snapshot import Counters
 
 MODEL = "tokentop-sim"
-FAST = {"step_overhead_ms": 1.0, "decode_ms_per_seq": 0.05, "prefill_ms_per_token": 0.001}
-WAIT_S = 10.0
 
 # the simulator's counter -> the client's error kind
 CLIENT_KIND = {
@@ -50,29 +48,9 @@ def body(max_tokens: int = 16, **extra: Any) -> bytes:
     ).encode()
 
 
-@contextlib.asynccontextmanager
-async def running_sim(**overrides: Any) -> AsyncIterator[RunningSim]:
-    sim = await start_sim(SimConfig(**{**FAST, **overrides}), host="127.0.0.1", port=0)
-    try:
-        yield sim
-    finally:
-        await sim.close()
-
-
 @pytest.fixture
-async def sim() -> AsyncIterator[RunningSim]:
-    async with running_sim() as s:
-        yield s
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        yield session
-
-
-def root(sim: RunningSim) -> str:
-    return sim.url.removesuffix("/v1")
+def sim(fast_sim: RunningSim) -> RunningSim:
+    return fast_sim
 
 
 async def set_faults(http: aiohttp.ClientSession, sim: RunningSim, **changes: Any) -> dict:
