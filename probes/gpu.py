@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import aiohttp
 
-from loadgen.snapshot import Event, GpuStatus
+from loadgen.model.snapshot import Event, GpuStatus
 from probes.nvml import NvmlProbe
 from probes.sim_gpu import SimGpuProbe
 

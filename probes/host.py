@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import psutil
 
-from loadgen.snapshot import HostSample
+from loadgen.model.snapshot import HostSample
 
 log = logging.getLogger(__name__)
 

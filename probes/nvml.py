@@ -31,7 +31,7 @@ from typing import Any
 
 import psutil
 
-from loadgen.snapshot import Event, GpuProcess, GpuSample, GpuStatus
+from loadgen.model.snapshot import Event, GpuProcess, GpuSample, GpuStatus
 from probes.throttle import decode_throttle_reasons
 
 log = logging.getLogger(__name__)

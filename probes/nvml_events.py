@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from loadgen.snapshot import Event
+from loadgen.model.snapshot import Event
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,14 @@ from urllib.parse import urlsplit
 import aiohttp
 import msgspec
 
-from loadgen.snapshot import Event, GpuSample, GpuStatus, HostSample, ProcessSample, ServerMetrics
+from loadgen.model.snapshot import (
+    Event,
+    GpuSample,
+    GpuStatus,
+    HostSample,
+    ProcessSample,
+    ServerMetrics,
+)
 from probes.gpu import GpuProbe
 from probes.host import HostProbe
 from probes.process import ProcessProbe, local_port

@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
-from loadgen.snapshot import Event, ProcessSample
+from loadgen.model.snapshot import Event, ProcessSample
 
 log = logging.getLogger(__name__)
 

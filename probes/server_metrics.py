@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.snapshot import ServerMetrics
+from loadgen.model.snapshot import ServerMetrics
 from probes.engines import collect_histograms, detect_engine, map_fields
 
 TIMEOUT_S = 2.0

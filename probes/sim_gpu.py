@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from loadgen.snapshot import GpuSample, GpuStatus
+from loadgen.model.snapshot import GpuSample, GpuStatus
 from probes.server_metrics import server_root
 
 TIMEOUT_S = 2.0

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import aiomqtt
 
-from loadgen.agent import run_agent
-from loadgen.mqtt_link import BrokerSettings, parse_broker_url
-from loadgen.run_config import RunConfig
+from loadgen.fleet.agent import run_agent
+from loadgen.fleet.link import BrokerSettings, parse_broker_url
+from loadgen.run.config import RunConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent  # the project
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
@@ -152,10 +152,10 @@ def start_agent(cfg: RunConfig, broker: BrokerSettings, name: str, *, fleet: str
 
 
 def agent_process(args: list[str], env: dict | None = None) -> subprocess.Popen:
-    """`python -m loadgen.agent …` as a real process in its own process group."""
+    """`python -m loadgen.fleet.agent …` as a real process in its own process group."""
     e = dict(os.environ)
     e.update(env or {})
-    return subprocess.Popen([sys.executable, "-m", "loadgen.agent", *args], cwd=ROOT, env=e,
+    return subprocess.Popen([sys.executable, "-m", "loadgen.fleet.agent", *args], cwd=ROOT, env=e,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, start_new_session=True)
 

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from loadgen import hdr
-from loadgen.snapshot import (
+from loadgen.model import hdr
+from loadgen.model.snapshot import (
     ClientSample,
     Control,
     Counters,
@@ -27,7 +27,7 @@ from loadgen.snapshot import (
     Snapshot,
     Target,
 )
-from loadgen.source import SourceError
+from loadgen.model.source import SourceError
 
 RUN_ID = "20250101T000000-test"
 T0 = 1_735_689_600.0  # 2025-01-01T00:00:00Z, fixed so nothing depends on today

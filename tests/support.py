@@ -7,12 +7,16 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.sim import RunningSim, SimConfig, start_sim
+
+ROOT = Path(__file__).resolve().parent.parent  # the project
+FIXTURES = ROOT / "tests" / "fixtures"
 
 
 async def scrape(url: str) -> dict[str, float]:

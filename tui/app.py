@@ -29,10 +29,10 @@ from textual.containers import Grid
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from loadgen.run_config import ConfigError, Slos, parse_slos
-from loadgen.snapshot import Control, Event, Snapshot, to_json
-from loadgen.source import SnapshotSource, SourceError
-from loadgen.windows import WINDOWS, SnapshotWindows
+from loadgen.model.snapshot import Control, Event, Snapshot, to_json
+from loadgen.model.source import SnapshotSource, SourceError
+from loadgen.model.windows import WINDOWS, SnapshotWindows
+from loadgen.run.config import ConfigError, Slos, parse_slos
 from themes import DEFAULT_THEME, MONO_THEME, THEME_NAMES, register_themes
 from tui.config import load_config, save_setting
 from tui.format import fmt_ms

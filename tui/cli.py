@@ -176,7 +176,7 @@ def api_key_from(args: argparse.Namespace) -> str | None:
 
 def run_config(args: argparse.Namespace):
     """The RunConfig of parsed arguments; exits with one line when a value cannot be used."""
-    from loadgen.run_config import ConfigError, RunConfig
+    from loadgen.run.config import ConfigError, RunConfig
 
     fields = set(RunConfig.__struct_fields__)
     values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
@@ -203,7 +203,7 @@ def console_parser(prog: str = "tokentop") -> argparse.ArgumentParser:
                     "tokentop-high-contrast, tokentop-mono; `t` cycles them in the console "
                     "and the choice is remembered in ~/.config/tokentop/config.toml")
     ui.add_argument("--refresh", type=_seconds, default=0.5, help="seconds between redraws")
-    from loadgen.mqtt_link import add_broker_arguments
+    from loadgen.fleet.link import add_broker_arguments
 
     add_broker_arguments(p, required=False, url_flag="--publish")
     p.add_argument("--name", default=socket.gethostname(),
@@ -237,13 +237,13 @@ def _run(argv: list[str]) -> int:
 
 
 def _report(argv: list[str]) -> int:
-    from loadgen.report import main as report_main
+    from loadgen.analysis.report import main as report_main
 
     return report_main(argv)
 
 
 def _compare(argv: list[str]) -> int:
-    from loadgen.compare import main as compare_main
+    from loadgen.analysis.compare import main as compare_main
 
     return compare_main(argv)
 
@@ -251,8 +251,8 @@ def _compare(argv: list[str]) -> int:
 def _publish_to(args: argparse.Namespace):
     """Check the broker settings now (one clear line), and hand the password to the engine
     process in its environment, never in its configuration."""
-    from loadgen.mqtt_link import PASSWORD_ENV, BrokerError, broker_from_args, check_level
-    from loadgen.run_config import PublishTo
+    from loadgen.fleet.link import PASSWORD_ENV, BrokerError, broker_from_args, check_level
+    from loadgen.run.config import PublishTo
 
     try:
         settings = broker_from_args(args)
@@ -268,8 +268,8 @@ def _publish_to(args: argparse.Namespace):
 
 
 def _headless(args: argparse.Namespace) -> int:
-    from loadgen import eventloop
-    from loadgen.headless import run_headless
+    from loadgen.run.headless import run_headless
+    from loadgen.worker import eventloop
 
     if args.broker:
         _fail("--publish is for the console; a headless run that publishes is `tokentop agent`")
@@ -281,7 +281,7 @@ def _headless(args: argparse.Namespace) -> int:
 
 
 def _console(args: argparse.Namespace) -> int:
-    from loadgen.engine_process import EngineProcess
+    from loadgen.run.run_process import EngineProcess
     from tui.app import TokentopApp
 
     if getattr(args, "json", None) is not None:
@@ -299,8 +299,8 @@ def _console(args: argparse.Namespace) -> int:
 
 
 def _calibrate(argv: list[str]) -> int:
-    from loadgen import eventloop
-    from loadgen.calibrate import add_calibrate_arguments, calibrate_main
+    from loadgen.analysis.calibrate import add_calibrate_arguments, calibrate_main
+    from loadgen.worker import eventloop
 
     p = _Parser(prog="tokentop calibrate",
                 description="Measure tokentop's own timing error on this machine.")
@@ -310,8 +310,8 @@ def _calibrate(argv: list[str]) -> int:
 
 
 def _sweep(argv: list[str]) -> int:
-    from loadgen import eventloop
-    from loadgen.sweep import add_sweep_arguments, sweep_main
+    from loadgen.analysis.sweep import add_sweep_arguments, sweep_main
+    from loadgen.worker import eventloop
 
     p = console_parser("tokentop sweep")
     p.description = "Raise the load step by step; find the knee and the max goodput."
@@ -322,7 +322,7 @@ def _sweep(argv: list[str]) -> int:
 
 
 def _replay(argv: list[str]) -> int:
-    from loadgen.replay import ReplaySource
+    from loadgen.record.replay import ReplaySource
     from tui.app import TokentopApp
 
     p = _Parser(prog="tokentop replay",
@@ -343,8 +343,8 @@ def _replay(argv: list[str]) -> int:
 
 
 def _agent(argv: list[str]) -> int:
-    from loadgen import eventloop
-    from loadgen.agent import add_agent_arguments, agent_main
+    from loadgen.fleet.agent import add_agent_arguments, agent_main
+    from loadgen.worker import eventloop
 
     p = _Parser(prog="tokentop agent", description="Headless load + probes, published over MQTT.")
     add_agent_arguments(p)
@@ -361,7 +361,7 @@ def _fleet(argv: list[str]) -> int:
 
 
 def _probe(argv: list[str]) -> int:
-    from loadgen import eventloop
+    from loadgen.worker import eventloop
     from probes.oneshot import add_probe_arguments, probe_main
 
     p = _Parser(prog="tokentop probe",

@@ -31,9 +31,9 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Static
 
-from loadgen.fleet import FleetMonitor
-from loadgen.mqtt_link import BrokerError, add_broker_arguments, broker_from_args, check_level
-from loadgen.source import SourceError
+from loadgen.fleet.link import BrokerError, add_broker_arguments, broker_from_args, check_level
+from loadgen.fleet.monitor import FleetMonitor
+from loadgen.model.source import SourceError
 from themes import DEFAULT_THEME, register_themes
 from tui.widgets.fleet_table import FLEET_KEY, FleetTable
 
@@ -178,7 +178,7 @@ def fleet_main(args: argparse.Namespace) -> int:
 
 
 async def _fleet(settings, fleet: str, args: argparse.Namespace) -> int:
-    from loadgen.fleet_merged import FleetMergedSource
+    from loadgen.fleet.merged import FleetMergedSource
     from tui.app import TokentopApp
 
     monitor = FleetMonitor(settings, fleet, stale_after=args.stale_after)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from loadgen.snapshot import Counters, Snapshot
-from loadgen.windows import SnapshotWindows
+from loadgen.model.snapshot import Counters, Snapshot
+from loadgen.model.windows import SnapshotWindows
 
 # the only latencies the console summarises each redraw (the rest cost CPU for nothing)
 SHOWN_METRICS = ("ttft", "itl", "tpot", "e2e")

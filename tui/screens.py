@@ -19,8 +19,8 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, Static
 from textual_plotext import PlotextPlot
 
-from loadgen import hdr
-from loadgen.snapshot import Event, GpuSample, Snapshot, to_json
+from loadgen.model import hdr
+from loadgen.model.snapshot import Event, GpuSample, Snapshot, to_json
 from tui.format import (
     NA,
     NO_SAMPLES,

@@ -77,7 +77,7 @@ class SimGpu:
         return min(used, cfg.gpu_memory_bytes)
 
     def sample(self) -> dict[str, Any]:
-        """The /sim/gpu body; field names are those of loadgen.snapshot.GpuSample."""
+        """The /sim/gpu body; field names are those of loadgen.model.snapshot.GpuSample."""
         self._advance(self._engine.now())
         cfg = self._engine.cfg
         if cfg.gpu_count == 1:

@@ -35,10 +35,10 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from loadgen.coordinator import Coordinator
-from loadgen.recorder import Recording
-from loadgen.run_config import RunConfig
-from loadgen.windows import SnapshotWindows
+from loadgen.model.windows import SnapshotWindows
+from loadgen.record.recorder import Recording
+from loadgen.run.config import RunConfig
+from loadgen.run.coordinator import Coordinator
 
 NOMINAL_TICK = 0.5  # the default tick: 2 Snapshots a second
 

@@ -31,7 +31,7 @@ else:
 
 import psutil  # noqa: E402
 
-from loadgen.snapshot import GpuSample, GpuStatus  # noqa: E402
+from loadgen.model.snapshot import GpuSample, GpuStatus  # noqa: E402
 from probes import nvml as nvml_module  # noqa: E402
 from probes.nvml import NvmlProbe  # noqa: E402
 

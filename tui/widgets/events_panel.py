@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from loadgen.snapshot import Event
+from loadgen.model.snapshot import Event
 from tui.format import fmt_clock, literal
 from tui.widgets.panel import Panel, View
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.widgets import DataTable
 
-from loadgen.fleet import AgentRow
+from loadgen.fleet.monitor import AgentRow
 from tui.format import fmt_ms
 
 FLEET_KEY = "__fleet__"

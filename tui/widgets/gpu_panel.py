@@ -3,7 +3,7 @@ or why there are none; tokens per joule in the title."""
 
 from __future__ import annotations
 
-from loadgen.snapshot import GpuSample, GpuStatus
+from loadgen.model.snapshot import GpuSample, GpuStatus
 from tui.format import NA, fmt_bytes_pair, fmt_pct, literal
 from tui.widgets.panel import Panel, View
 

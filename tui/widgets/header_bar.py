@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
-from loadgen.snapshot import Snapshot
+from loadgen.model.snapshot import Snapshot
 from tui.format import fmt_elapsed, literal, tidy
 
 MUTED = "$foreground-muted"

@@ -3,8 +3,8 @@ suspect; if the server's RSS keeps climbing, a long soak will end badly."""
 
 from __future__ import annotations
 
-from loadgen.snapshot import ClientSample, HostSample, ProcessSample, ServerMetrics
-from loadgen.windows import WindowStats
+from loadgen.model.snapshot import ClientSample, HostSample, ProcessSample, ServerMetrics
+from loadgen.model.windows import WindowStats
 from tui.format import fmt_bytes, fmt_bytes_pair, fmt_count, fmt_ms, fmt_num, fmt_pct, literal
 from tui.widgets.panel import Panel, View
 

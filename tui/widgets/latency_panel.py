@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 
-from loadgen.hdr import Summary
-from loadgen.run_config import Slos
-from loadgen.windows import WindowStats
+from loadgen.model.hdr import Summary
+from loadgen.model.windows import WindowStats
+from loadgen.run.config import Slos
 from tui.format import NO_SAMPLES, fmt_ms
 from tui.widgets.chart import Chart
 from tui.widgets.panel import Panel, View

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from loadgen.snapshot import ServerMetrics, Snapshot
-from loadgen.windows import WindowStats
+from loadgen.model.snapshot import ServerMetrics, Snapshot
+from loadgen.model.windows import WindowStats
 from tui.format import NA, fmt_count, fmt_num, fmt_rate, literal
 from tui.widgets.chart import spark_markup
 from tui.widgets.panel import Panel, View

@@ -19,12 +19,12 @@ from textual.containers import Vertical
 from textual.events import Resize
 from textual.widgets import Static
 
-from loadgen.snapshot import Snapshot
-from loadgen.windows import WindowStats
+from loadgen.model.snapshot import Snapshot
+from loadgen.model.windows import WindowStats
 from tui.format import tidy
 
 if TYPE_CHECKING:
-    from loadgen.run_config import Slos
+    from loadgen.run.config import Slos
     from tui.history import History
 
 

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 from textual.app import ComposeResult
 
-from loadgen.snapshot import Counters
-from loadgen.windows import WindowStats
+from loadgen.model.snapshot import Counters
+from loadgen.model.windows import WindowStats
 from tui.format import fmt_count, fmt_rate
 from tui.widgets.chart import Chart
 from tui.widgets.panel import Panel, View

@@ -1,0 +1,184 @@
+"""`tokentop calibrate`: how far can this machine drive load and still tell the truth?
+
+The simulator runs in exact-timing mode in its own process: every request
+gets exactly the same TTFT and inter-token gap, and every chunk carries the
+wall-clock time the server wrote it. The client compares, per chunk, the gap
+it measured with the gap the server actually left (and its TTFT with the
+server's own send time), so what remains is tokentop's own timing error: the
+time bytes spent in the kernel and in our event loop before we stamped them.
+
+Concurrency rises step by step; each step prints one row, and the last line
+names the highest load this machine drives with timing error p99 ≤ 1 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from loadgen.model import hdr
+from loadgen.model.snapshot import Control, Snapshot
+from loadgen.run.config import RunConfig
+from loadgen.run.coordinator import Coordinator
+from loadgen.run.preflight import TargetError
+
+ERROR_BUDGET_US = 1000.0  # the promise: p99 timing error within 1 ms
+
+
+@dataclass
+class Step:
+    streams: int
+    seconds: float = 0.0
+    chunks: int = 0
+    cpu_s: float = 0.0
+    worst_lag_ms: float = 0.0
+    ttft_err: np.ndarray = field(default_factory=lambda: np.zeros(hdr.COUNTS_LEN, np.int64))
+    itl_err: np.ndarray = field(default_factory=lambda: np.zeros(hdr.COUNTS_LEN, np.int64))
+    errors: int = 0
+
+    def add(self, snap: Snapshot) -> None:
+        self.seconds += snap.interval
+        dense = {m: hdr.decode(b) for m, b in snap.hist.items()}
+        # chunks as they arrive: first chunks (ttft) plus every later gap (icl)
+        self.chunks += sum(int(dense[m].sum()) for m in ("ttft", "icl") if m in dense)
+        if "ttft_err" in dense:
+            self.ttft_err += dense["ttft_err"]
+        if "itl_err" in dense:
+            self.itl_err += dense["itl_err"]
+        if snap.client.cpu_pct is not None:
+            self.cpu_s += snap.client.cpu_pct / 100.0 * snap.interval
+        self.worst_lag_ms = max(self.worst_lag_ms, snap.client.loop_lag_ms or 0.0)
+
+    @property
+    def chunks_s(self) -> float:
+        return self.chunks / self.seconds if self.seconds else 0.0
+
+    @property
+    def us_per_chunk(self) -> float | None:
+        return self.cpu_s * 1e6 / self.chunks if self.chunks else None
+
+    def within_budget(self) -> bool:
+        t, i = hdr.summarize(self.ttft_err), hdr.summarize(self.itl_err)
+        return (t["count"] > 0 and i["count"] > 0 and t["p99"] <= ERROR_BUDGET_US
+                and i["p99"] <= ERROR_BUDGET_US and self.errors == 0)
+
+
+def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", default="1,10,100,500,1000,2000",
+                   help="concurrent streams per step (default %(default)s)")
+    p.add_argument("--step-seconds", type=float, default=8.0, help="measured seconds per step")
+    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per step")
+    p.add_argument("--ttft-ms", type=float, default=50.0, help="the simulator's exact TTFT")
+    p.add_argument("--itl-ms", type=float, default=20.0, help="the simulator's exact gap")
+    p.add_argument("--output-tokens", type=int, default=64)
+    p.add_argument("--client", choices=("raw", "openai"), default="raw")
+    p.add_argument("--workers", type=int, default=0, help="load workers (default: cores - 1)")
+
+
+def _steps(text: str) -> list[int]:
+    try:
+        steps = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"tokentop calibrate: bad --steps {text!r}: e.g. 1,10,100") from None
+    if not steps or min(steps) < 1:
+        raise SystemExit("tokentop calibrate: --steps must be whole numbers ≥ 1")
+    return steps
+
+
+async def calibrate_main(args: argparse.Namespace) -> int:
+    steps = _steps(args.steps)
+    cfg = RunConfig(
+        concurrency=0, output_tokens=str(args.output_tokens), input_tokens="16",
+        client=args.client, workers=args.workers, tick=0.5, calibrate=True, drain_grace=2.0,
+        sim_args=["--exact-ttft-ms", f"{args.ttft_ms:g}", "--exact-itl-ms", f"{args.itl_ms:g}"],
+    )
+    coord = Coordinator(cfg)
+    try:
+        await coord.start()
+    except TargetError as e:
+        print(f"tokentop calibrate: {e}", file=sys.stderr)
+        return 2
+    print(_intro(args, coord.pool.n))
+    print(HEADER)
+    results: list[Step] = []
+    snaps = coord.snapshots()
+    try:
+        results = await _run_steps(coord, snaps, steps, args)
+    finally:
+        coord.request_stop("calibration done")
+        async for _ in snaps:  # on to the last Snapshot, so every process exits cleanly
+            pass
+        await coord.close()
+    print(_verdict(results))
+    return 0
+
+
+async def _run_steps(coord: Coordinator, snaps, steps: list[int], args) -> list[Step]:
+    results: list[Step] = []
+    for streams in steps:
+        await coord.control(Control(op="set_concurrency", value=streams, source="cli"))
+        step = Step(streams)
+        warm_until = measure_until = None
+        async for snap in snaps:
+            if warm_until is None:
+                warm_until = snap.elapsed + args.warmup
+                measure_until = warm_until + args.step_seconds
+            if snap.elapsed <= warm_until:
+                continue
+            step.add(snap)
+            step.errors += sum(1 for e in snap.events if e.level == "error")
+            if snap.elapsed >= measure_until:
+                break
+        results.append(step)
+        print(_row(step, args), flush=True)
+    return results
+
+
+HEADER = (
+    f"{'streams':>7}  {'chunks/s':>9} {'intended':>9}  {'µs/chunk':>8}  "
+    f"{'TTFT err p50/p99/max (ms)':>25}  {'ITL err p50/p99/max (ms)':>24}  {'loop lag':>8}"
+)
+
+
+def _intended(streams: int, args) -> float:
+    n = args.output_tokens
+    per_request_s = (args.ttft_ms + (n - 1) * args.itl_ms) / 1000.0
+    return streams * n / per_request_s
+
+
+def _ms3(s: hdr.Summary) -> str:
+    if not s["count"]:
+        return "–"
+    return "/".join(f"{s[k] / 1000:.3f}" for k in ("p50", "p99", "max"))
+
+
+def _row(step: Step, args) -> str:
+    cpu = f"{step.us_per_chunk:.1f}" if step.us_per_chunk is not None else "–"
+    flag = "" if step.within_budget() else "  ✗"
+    return (
+        f"{step.streams:>7}  {step.chunks_s:>9.0f} {_intended(step.streams, args):>9.0f}  "
+        f"{cpu:>8}  {_ms3(hdr.summarize(step.ttft_err)):>25}  "
+        f"{_ms3(hdr.summarize(step.itl_err)):>24}  {step.worst_lag_ms:>6.1f}ms{flag}"
+    )
+
+
+def _intro(args, workers: int) -> str:
+    return (
+        f"tokentop calibrate: exact-timing simulator (TTFT {args.ttft_ms:g} ms, gap "
+        f"{args.itl_ms:g} ms, {args.output_tokens} tokens a request), {args.client} client, "
+        f"{workers} worker(s); error = measured − what the server's send stamps say"
+    )
+
+
+def _verdict(results: list[Step]) -> str:
+    good = [s for s in results if s.within_budget()]
+    if not good:
+        return "no step kept timing error p99 within 1 ms on this machine"
+    best = max(good, key=lambda s: s.streams)
+    return (
+        f"highest load with timing error p99 ≤ 1 ms: {best.streams} streams, "
+        f"{best.chunks_s:.0f} chunks/s"
+    )

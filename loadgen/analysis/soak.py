@@ -1,0 +1,637 @@
+"""Soak analysis from Snapshots alone: outages, MTTR, drift, long tail, thresholds.
+
+It reads nothing but Snapshots, so it works the same on a live run, a run
+directory (finished, crashed or still being written) and fleet data. Feed it
+with `add()` in order and ask `result()` (a plain JSON-able dict) at any time.
+Memory: a few dense histograms (the run so far and the current drift bucket) and
+a handful of numbers per tick for the plots (~100 B/tick, ~50 MB for 72 h at
+2 Hz); nothing per request or per token.
+
+Definitions (all times are wall clock, unix seconds; `rel` = seconds since the
+run started, gaps included):
+
+* client outage: a maximal run of ticks in which requests failed hard (connect,
+  timeout, 5xx, broken or malformed streams, empty answers) and none succeeded;
+  ticks where nothing completed at all neither start nor end one. It starts at
+  the start of its first failing tick and ends at the end of its last one.
+* server outage: a maximal run of ticks in which the server's /metrics did not
+  answer, once it had answered at least once (a server without /metrics is not
+  "down").
+* recording gap: wall time between two Snapshots that no tick covers (more than
+  `gap_s` or two ticks: tokentop was not running), or a resume (`--resume`, whose
+  first Snapshot says "resumed run"). Not an outage of the server.
+* MTTR: the mean duration of the closed outages (per kind, and of their union).
+* drift: per bucket (an hour by default) of load time, the P99/P99.9 of TTFT and
+  ITL, throughput and error rate, compared with the first bucket; the server
+  process' RSS and the GPU memory as least-squares slopes in MB/hour.
+* long tail: ticks whose P99.9 or max of a latency is above a limit: absolute
+  (`tail_abs_us`), or `tail_k` × the run's median per-tick P99 of that metric.
+* thresholds (`--slo ttft_p99<500ms,error_rate<0.1%`): evaluated on the whole
+  run after warm-up, each pass/fail, with `Threshold.passes`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from loadgen.model import hdr
+from loadgen.model.snapshot import Counters, Snapshot
+from loadgen.run.config import Slos, Threshold
+
+HARD_ERRORS = ("connect", "timeout", "http_5xx", "stream_broken", "malformed_chunk",
+               "empty_response")
+RUN_METRICS = ("ttft", "itl", "tpot", "e2e")  # whole-run summaries and thresholds
+TICK_METRICS = ("ttft", "itl")  # per-tick percentiles: drift, long tail, plots
+TAIL_LIST_MAX = 50
+SERIES = (
+    # per tick, for the plots and the long-tail context
+    "rel", "elapsed", "interval", "ok", "failed", "output_tokens",
+    "ttft_p50", "ttft_p99", "ttft_p999", "ttft_max",
+    "itl_p50", "itl_p99", "itl_p999", "itl_max",
+    "in_flight", "backlog", "srv_waiting", "srv_running", "kv_cache",
+    "gpu_mem_mb", "gpu_power_w", "srv_rss_mb", "srv_ok",
+)
+NAN = float("nan")
+
+
+@dataclass
+class Outage:
+    kind: str  # client | server
+    start: float
+    end: float
+    start_rel: float = 0.0
+    ongoing: bool = False  # still going at the last Snapshot
+    failed: int = 0  # requests that failed inside it (client)
+    errors: dict[str, int] = field(default_factory=dict)
+    reason: str | None = None  # server: the probe's words
+
+    @property
+    def duration_s(self) -> float:
+        return max(0.0, self.end - self.start)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "duration_s": round(self.duration_s, 3)}
+
+
+@dataclass
+class _Open:
+    start: float
+    start_rel: float
+    last_end: float
+    failed: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    reason: str | None = None
+
+
+# A slope from minutes of data says little about a leak (start-up growth dominates):
+# below this span the report marks the MB/h figure as not a trend.
+MIN_SLOPE_SPAN_H = 10 / 60
+
+
+class _Slope:
+    """Online least squares of y (MB) against x (hours)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.x0: float | None = None
+        self.sx = self.sy = self.sxx = self.sxy = 0.0
+        self.first: float | None = None
+        self.last: float | None = None
+        self.peak: float | None = None
+        self.span_h = 0.0
+
+    def add(self, x_h: float, y: float) -> None:
+        if self.x0 is None:
+            self.x0 = x_h
+            self.first = y
+        x = x_h - self.x0
+        self.span_h = x
+        self.n += 1
+        self.sx += x
+        self.sy += y
+        self.sxx += x * x
+        self.sxy += x * y
+        self.last = y
+        self.peak = y if self.peak is None else max(self.peak, y)
+
+    def slope(self) -> float | None:
+        if self.n < 3:
+            return None
+        d = self.n * self.sxx - self.sx * self.sx
+        if d <= 1e-12:
+            return None
+        return (self.n * self.sxy - self.sx * self.sy) / d
+
+    def as_dict(self) -> dict:
+        s = self.slope()
+        return {"slope_mb_h": None if s is None else round(s, 3), "samples": self.n,
+                "span_h": round(self.span_h, 4), "trend": self.span_h >= MIN_SLOPE_SPAN_H,
+                "first_mb": _r(self.first), "last_mb": _r(self.last), "peak_mb": _r(self.peak)}
+
+
+def _r(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, digits)
+
+
+def quick_stats(dense: np.ndarray) -> tuple[int, float, float, float, float]:
+    """(count, p50, p99, p99.9, max) in µs of a dense histogram, on its non-empty buckets."""
+    nz = np.flatnonzero(dense)
+    if len(nz) == 0:
+        return 0, NAN, NAN, NAN, NAN
+    counts = dense[nz]
+    cum = np.cumsum(counts)
+    total = int(cum[-1])
+    out = [total]
+    for p in (50.0, 99.0, 99.9):
+        target = max(1, int(p / 100.0 * total + 0.5))
+        i = int(np.searchsorted(cum, target, side="left"))
+        out.append(float(hdr.HIGHEST_AT[nz[min(i, len(nz) - 1)]]))
+    out.append(float(hdr.HIGHEST_AT[nz[-1]]))
+    return tuple(out)  # type: ignore[return-value]
+
+
+def measured_value(th: Threshold, latency: dict[str, dict], rates: dict) -> float | None:
+    """What a threshold compares: a latency statistic (µs) or a whole-run rate."""
+    if th.stat is not None:
+        return (latency.get(th.metric) or {}).get(th.stat)
+    return rates.get(th.metric)
+
+
+def evaluate_thresholds(thresholds: list[Threshold], latency: dict[str, dict],
+                        rates: dict) -> list[dict]:
+    """Per threshold: text, measured (in the threshold's unit), pass/fail."""
+    out = []
+    for th in thresholds:
+        measured = measured_value(th, latency, rates)
+        out.append({
+            "text": th.text, "metric": th.metric, "stat": th.stat, "op": th.op,
+            "limit": th.value, "measured": measured,
+            "unit": "us" if th.stat is not None else ("fraction" if th.metric == "error_rate"
+                                                      else "per_s"),
+            "passed": th.passes(measured),
+            "shown": _shown(th, measured),
+        })
+    return out
+
+
+def _shown(th: Threshold, measured: float | None) -> str:
+    if measured is None:
+        return f"{th.text}: no data (fails)"
+    if th.stat is not None:
+        m = f"{measured / 1e3:.1f}ms"
+    elif th.metric == "error_rate":
+        m = f"{measured * 100:.3g}%"
+    else:
+        m = f"{measured:.3g}/s"
+    return f"{th.text}: measured {m}"
+
+
+def rates_from(ok: int, failed: int, good: int, out_tok: int, seconds: float) -> dict:
+    n = ok + failed
+    return {
+        "error_rate": failed / n if n else None,
+        "req_s": ok / seconds if seconds > 0 else None,
+        "output_tok_s": out_tok / seconds if seconds > 0 else None,
+        "goodput_req_s": good / seconds if seconds > 0 else None,
+    }
+
+
+class SoakAnalyzer:
+    def __init__(self, *, slos: Slos | None = None, bucket_s: float = 3600.0,
+                 tail_k: float = 5.0, tail_abs_us: dict[str, float] | None = None,
+                 gap_s: float = 1.0, keep_series: bool = True) -> None:
+        self.slos = slos
+        self.bucket_s = bucket_s
+        self.tail_k = tail_k
+        self.tail_abs_us = tail_abs_us or {}
+        self.gap_s = gap_s
+        self.keep_series = keep_series
+        self.series: dict[str, array] = {
+            k: array("d" if k in ("rel", "elapsed") else "f") for k in SERIES
+        }
+        self.events: list[dict] = []  # warn/error events and run/operator notes, capped
+        self.event_counts: dict[str, int] = {}
+        self.outages: list[Outage] = []
+        self.gaps: list[dict] = []
+        self._open: dict[str, _Open | None] = {"client": None, "server": None}
+        self._server_seen_ok = False
+        self.server_never_ok_reason: str | None = None
+        self.run_dense = {m: np.zeros(hdr.COUNTS_LEN, np.int64) for m in RUN_METRICS}
+        self._bucket: dict | None = None
+        self.buckets: list[dict] = []
+        self.rss = _Slope()
+        self.gpu_mem = _Slope()
+        self.first: Snapshot | None = None
+        self.last: Snapshot | None = None
+        self.ticks = 0
+        self._prev_counters = Counters()
+        self._baseline: tuple[float, Counters] | None = None  # end of warm-up
+        self._fault_ok = self._fault_failed = 0
+        # median of the per-tick P99 (as an HDR count of those values) for the tail limit
+        self._p99_of_ticks = {m: np.zeros(hdr.COUNTS_LEN, np.int64) for m in TICK_METRICS}
+        self._tail: list[tuple[float, int, dict]] = []  # heap of the worst ticks
+        self._tail_seq = 0
+        self.start_time: float | None = None
+
+    # ---- feeding ---------------------------------------------------------------------------
+
+    def add(self, snap: Snapshot) -> None:
+        if self.first is None:
+            self.first = snap
+            self.start_time = snap.t - snap.elapsed
+        prev = self.last
+        rel = snap.t - (self.start_time or snap.t)
+        tick_start = snap.t - snap.interval
+        resumed = any(e.kind == "run" and e.message.startswith("resumed run")
+                      for e in snap.events)
+        if prev is not None and (resumed or tick_start - prev.t > max(self.gap_s,
+                                                                       2 * prev.interval)):
+            self._gap(prev, snap)
+        c, pc = snap.counters, self._prev_counters
+        ok = c.requests_ok - pc.requests_ok
+        failed = c.requests_failed - pc.requests_failed
+        hard = sum(c.errors.get(k, 0) - pc.errors.get(k, 0) for k in HARD_ERRORS)
+        errors = {k: v - pc.errors.get(k, 0) for k, v in c.errors.items()
+                  if v - pc.errors.get(k, 0) > 0}
+        out_tok = c.output_tokens - pc.output_tokens
+        self._prev_counters = c
+        if snap.load.warmup:
+            self._baseline = None
+        elif self._baseline is None:  # the first measured tick: results start here
+            self._baseline = ((prev.elapsed, pc) if prev is not None
+                              else (snap.elapsed - snap.interval, Counters()))
+        measured = not snap.load.warmup
+
+        # latency
+        decoded = {m: hdr.decode(snap.hist[m]) for m in RUN_METRICS if m in snap.hist}
+        if measured:
+            for m, d in decoded.items():
+                self.run_dense[m] += d
+        stats = {m: quick_stats(decoded[m]) if m in decoded else (0, NAN, NAN, NAN, NAN)
+                 for m in TICK_METRICS}
+
+        # outages
+        self._client_outage(snap, rel, ok, failed, hard, errors)
+        self._server_outage(snap, rel)
+        if self._open["client"] is not None or self._open["server"] is not None:
+            self._fault_ok += ok
+            self._fault_failed += failed
+
+        # drift buckets and slopes
+        self._drift(snap, decoded, ok, failed, out_tok, measured)
+        srv_rss = gpu_mem = gpu_pw = NAN
+        if snap.process is not None and snap.process.rss_bytes is not None:
+            srv_rss = snap.process.rss_bytes / 1e6
+            if measured:
+                self.rss.add(snap.elapsed / 3600.0, srv_rss)
+        used = [g.memory_used_bytes for g in snap.gpu.gpus if g.memory_used_bytes is not None]
+        if used:
+            gpu_mem = sum(used) / 1e6
+            if measured:
+                self.gpu_mem.add(snap.elapsed / 3600.0, gpu_mem)
+        power = [g.power_w for g in snap.gpu.gpus if g.power_w is not None]
+        if power:
+            gpu_pw = sum(power)
+
+        # long tail
+        if measured:
+            for m in TICK_METRICS:
+                count, _p50, p99, _p999, _mx = stats[m]
+                if count:
+                    self._p99_of_ticks[m][hdr.counts_index(np.array([p99]))[0]] += 1
+                    self._tail_candidate(snap, rel, m, stats[m])
+
+        # events
+        for ev in snap.events:
+            self.event_counts[ev.kind] = self.event_counts.get(ev.kind, 0) + 1
+            if (ev.level != "info" or ev.kind in ("run", "operator", "record", "recording")) \
+                    and len(self.events) < 5000:
+                self.events.append({"t": ev.t, "rel": round(ev.t - (self.start_time or 0), 3),
+                                    "kind": ev.kind, "level": ev.level, "message": ev.message})
+
+        if self.keep_series:
+            srv = snap.server
+            row = {
+                "rel": rel, "elapsed": snap.elapsed, "interval": snap.interval,
+                "ok": ok, "failed": failed, "output_tokens": out_tok,
+                "ttft_p50": stats["ttft"][1], "ttft_p99": stats["ttft"][2],
+                "ttft_p999": stats["ttft"][3], "ttft_max": stats["ttft"][4],
+                "itl_p50": stats["itl"][1], "itl_p99": stats["itl"][2],
+                "itl_p999": stats["itl"][3], "itl_max": stats["itl"][4],
+                "in_flight": snap.load.in_flight, "backlog": snap.load.backlog,
+                "srv_waiting": _nan(srv.waiting if srv and srv.ok else None),
+                "srv_running": _nan(srv.running if srv and srv.ok else None),
+                "kv_cache": _nan(srv.kv_cache_usage if srv and srv.ok else None),
+                "gpu_mem_mb": gpu_mem, "gpu_power_w": gpu_pw, "srv_rss_mb": srv_rss,
+                "srv_ok": NAN if srv is None else float(srv.ok),
+            }
+            for k, v in row.items():
+                self.series[k].append(v)
+        self.ticks += 1
+        self.last = snap
+
+    def _gap(self, prev: Snapshot, snap: Snapshot) -> None:
+        start, end = prev.t, snap.t - snap.interval
+        self.gaps.append({"start": start, "end": end, "duration_s": round(end - start, 3),
+                          "start_rel": round(start - (self.start_time or start), 3),
+                          "after_seq": prev.seq, "resumed_seq": snap.seq})
+        # an outage does not run on across time nobody watched
+        for kind in ("client", "server"):
+            self._close(kind, ongoing=False)
+
+    def _client_outage(self, snap: Snapshot, rel: float, ok: int, failed: int, hard: int,
+                       errors: dict[str, int]) -> None:
+        cur = self._open["client"]
+        if ok == 0 and hard > 0:
+            if cur is None:
+                cur = self._open["client"] = _Open(snap.t - snap.interval, rel - snap.interval,
+                                                   snap.t)
+            cur.last_end = snap.t
+            cur.failed += failed
+            for k, n in errors.items():
+                cur.errors[k] = cur.errors.get(k, 0) + n
+        elif ok > 0 and cur is not None:
+            self._close("client")
+
+    def _server_outage(self, snap: Snapshot, rel: float) -> None:
+        srv = snap.server
+        if srv is None:
+            return
+        cur = self._open["server"]
+        if srv.ok:
+            self._server_seen_ok = True
+            if cur is not None:
+                self._close("server")
+        elif self._server_seen_ok:
+            if cur is None:
+                cur = self._open["server"] = _Open(snap.t - snap.interval, rel - snap.interval,
+                                                   snap.t, reason=srv.error)
+            cur.last_end = snap.t
+        else:
+            self.server_never_ok_reason = srv.error or "no answer"
+
+    def _close(self, kind: str, ongoing: bool = False) -> None:
+        cur = self._open[kind]
+        if cur is None:
+            return
+        self._open[kind] = None
+        self.outages.append(Outage(kind=kind, start=cur.start, end=cur.last_end,
+                                   start_rel=round(cur.start_rel, 3), ongoing=ongoing,
+                                   failed=cur.failed, errors=cur.errors, reason=cur.reason))
+
+    def _drift(self, snap: Snapshot, decoded: dict, ok: int, failed: int, out_tok: int,
+               measured: bool) -> None:
+        if not measured:
+            return
+        index = int(max(0.0, snap.elapsed - snap.interval) // self.bucket_s)
+        b = self._bucket
+        if b is not None and b["index"] != index:
+            self._finish_bucket()
+            b = None
+        if b is None:
+            b = self._bucket = {
+                "index": index, "seconds": 0.0, "ok": 0, "failed": 0, "output_tokens": 0,
+                "dense": {m: np.zeros(hdr.COUNTS_LEN, np.int64) for m in TICK_METRICS},
+                "rss": [], "gpu": [],
+            }
+        b["seconds"] += snap.interval
+        b["ok"] += ok
+        b["failed"] += failed
+        b["output_tokens"] += out_tok
+        for m in TICK_METRICS:
+            if m in decoded:
+                b["dense"][m] += decoded[m]
+        if snap.process is not None and snap.process.rss_bytes is not None:
+            b["rss"] = [snap.process.rss_bytes / 1e6]  # the last value of the bucket
+        used = [g.memory_used_bytes for g in snap.gpu.gpus if g.memory_used_bytes is not None]
+        if used:
+            b["gpu"] = [sum(used) / 1e6]
+
+    def _finish_bucket(self) -> None:
+        b = self._bucket
+        if b is None:
+            return
+        self._bucket = None
+        row: dict = {"index": b["index"], "start_elapsed_s": b["index"] * self.bucket_s,
+                     "seconds": round(b["seconds"], 3)}
+        for m in TICK_METRICS:
+            count, p50, p99, p999, mx = quick_stats(b["dense"][m])
+            row[m] = {"count": count, "p50_ms": _ms(p50), "p99_ms": _ms(p99),
+                      "p99.9_ms": _ms(p999), "max_ms": _ms(mx)}
+        n = b["ok"] + b["failed"]
+        secs = b["seconds"]
+        row["output_tok_s"] = _r(b["output_tokens"] / secs if secs > 0 else None, 1)
+        row["req_s"] = _r(b["ok"] / secs if secs > 0 else None, 3)
+        row["error_rate"] = _r(b["failed"] / n if n else None, 6)
+        row["server_rss_mb"] = _r(b["rss"][0] if b["rss"] else None, 1)
+        row["gpu_mem_mb"] = _r(b["gpu"][0] if b["gpu"] else None, 1)
+        self.buckets.append(row)
+
+    def _tail_candidate(self, snap: Snapshot, rel: float, metric: str, st: tuple) -> None:
+        count, _p50, p99, p999, mx = st
+        # keep the worst ticks by max (the limit is only known at the end); bounded heap
+        item = {"t": snap.t, "rel": round(rel, 3), "elapsed": round(snap.elapsed, 3),
+                "seq": snap.seq, "metric": metric, "count": count, "p99_ms": _ms(p99),
+                "p99.9_ms": _ms(p999), "max_ms": _ms(mx), "in_flight": snap.load.in_flight,
+                "server_waiting": snap.server.waiting if snap.server and snap.server.ok
+                else None}
+        self._tail_seq += 1
+        key = (mx, self._tail_seq, item)
+        if len(self._tail) < 20 * TAIL_LIST_MAX:
+            heapq.heappush(self._tail, key)
+        elif mx > self._tail[0][0]:
+            heapq.heapreplace(self._tail, key)
+
+    # ---- results ---------------------------------------------------------------------------
+
+    def _median_p99(self, metric: str) -> float | None:
+        counts = self._p99_of_ticks[metric]
+        total = int(counts.sum())
+        if total == 0:
+            return None
+        return float(hdr.value_at_percentile(np.cumsum(counts), total, 50.0))
+
+    def tail_limits(self) -> dict[str, float | None]:
+        out = {}
+        for m in TICK_METRICS:
+            if m in self.tail_abs_us:
+                out[m] = self.tail_abs_us[m]
+            else:
+                med = self._median_p99(m)
+                out[m] = None if med is None else self.tail_k * med
+        return out
+
+    def long_tail(self) -> tuple[list[dict], dict[str, int]]:
+        limits = self.tail_limits()
+        rows, counts = [], {}
+        for _mx, _seq, item in self._tail:
+            limit = limits.get(item["metric"])
+            if limit is None:
+                continue
+            worst = max(v for v in (item["p99.9_ms"], item["max_ms"]) if v is not None)
+            if worst * 1e3 > limit:
+                rows.append({**item, "limit_ms": _ms(limit),
+                             "x_limit": round(worst * 1e3 / limit, 2)})
+                counts[item["metric"]] = counts.get(item["metric"], 0) + 1
+        # the full count needs the per-tick series (the heap keeps the worst only)
+        if self.keep_series:
+            for m in TICK_METRICS:
+                limit = limits.get(m)
+                if limit is None:
+                    continue
+                p999 = np.frombuffer(self.series[f"{m}_p999"], np.float32)
+                mx = np.frombuffer(self.series[f"{m}_max"], np.float32)
+                counts[m] = int(np.count_nonzero((np.nan_to_num(p999) > limit)
+                                                 | (np.nan_to_num(mx) > limit)))
+        rows.sort(key=lambda r: r["t"])
+        rows = sorted(rows, key=lambda r: -r["x_limit"])[:TAIL_LIST_MAX]
+        rows.sort(key=lambda r: r["t"])
+        for r in rows:
+            r["context"] = self._context(r["t"])
+        return rows, counts
+
+    def _context(self, t: float) -> list[str]:
+        near = [e for e in self.events if abs(e["t"] - t) <= 5.0]
+        out = [f"{e['kind']}: {e['message']}" for e in near[:3]]
+        for o in self.outages:
+            if o.start - 5.0 <= t <= o.end + 5.0:
+                out.append(f"near a {o.kind} outage ({o.duration_s:.1f} s)")
+        return out
+
+    def result(self) -> dict:
+        """Everything, as plain JSON-able values (ms for latencies, MB for memory)."""
+        last = self.last
+        if self._bucket is not None:
+            bucket = self._bucket
+            self._finish_bucket()
+            self._bucket = bucket  # keep accumulating if more Snapshots come
+            finished = self.buckets.pop()
+        else:
+            finished = None
+        buckets = self.buckets + ([finished] if finished else [])
+        outages = list(self.outages)
+        for kind, cur in self._open.items():
+            if cur is not None:
+                outages.append(Outage(kind=kind, start=cur.start, end=cur.last_end,
+                                      start_rel=round(cur.start_rel, 3), ongoing=True,
+                                      failed=cur.failed, errors=cur.errors, reason=cur.reason))
+        outages.sort(key=lambda o: o.start)
+        c = last.counters if last else Counters()
+        n = c.requests_ok + c.requests_failed
+        fault_n = self._fault_ok + self._fault_failed
+        latency, rates, seconds = self.run_summary()
+        thresholds = evaluate_thresholds(self.slos.thresholds, latency, rates) \
+            if self.slos else []
+        tail, tail_counts = self.long_tail()
+        mttr = {}
+        for kind in ("client", "server"):
+            closed = [o.duration_s for o in outages if o.kind == kind and not o.ongoing]
+            mttr[kind] = round(sum(closed) / len(closed), 3) if closed else None
+        union = _union([(o.start, o.end) for o in outages if not o.ongoing])
+        mttr["any"] = round(sum(e - s for s, e in union) / len(union), 3) if union else None
+        return {
+            "run_id": last.run_id if last else None,
+            "start_time": self.start_time,
+            "last_t": last.t if last else None,
+            "wall_s": round(last.t - self.start_time, 3) if last and self.start_time else 0.0,
+            "elapsed_s": round(last.elapsed, 3) if last else 0.0,
+            "measured_s": round(seconds, 3),
+            "ticks": self.ticks,
+            "state": last.load.state if last else None,
+            "target": {"url": last.target.url, "model": last.target.model,
+                       "simulated": last.target.simulated} if last else None,
+            "requests": {"ok": c.requests_ok, "failed": c.requests_failed,
+                         "cancelled": c.requests_cancelled, "errors": dict(c.errors),
+                         "output_tokens": c.output_tokens, "input_tokens": c.input_tokens},
+            "success_rate": _r(c.requests_ok / n if n else None, 6),
+            "success_rate_during_outages": _r(self._fault_ok / fault_n if fault_n else None, 6),
+            "outages": [o.as_dict() for o in outages],
+            "mttr_s": mttr,
+            "server_metrics_never_answered": None if self._server_seen_ok
+            else self.server_never_ok_reason,
+            "gaps": list(self.gaps),
+            "latency_ms": {m: {k: (v if k == "count" or v is None else round(v / 1e3, 3))
+                               for k, v in s.items()} for m, s in latency.items()},
+            "rates": {k: _r(v, 6) for k, v in rates.items()},
+            "thresholds": thresholds,
+            "thresholds_passed": all(t["passed"] for t in thresholds) if thresholds else None,
+            "drift": self._drift_result(buckets),
+            "long_tail": {"limits_ms": {m: _ms(v) for m, v in self.tail_limits().items()},
+                          "rule": ("absolute" if self.tail_abs_us
+                                   else f"{self.tail_k:g}x the median per-tick P99"),
+                          "counts": tail_counts, "intervals": tail},
+            "event_counts": dict(self.event_counts),
+            "events": self.events[-200:],
+        }
+
+    def run_summary(self) -> tuple[dict[str, dict], dict, float]:
+        """Whole-run (after warm-up) latency summaries (µs), rates and measured seconds."""
+        latency = {m: dict(hdr.summarize(d)) for m, d in self.run_dense.items()}
+        last = self.last
+        if last is None or last.load.warmup:
+            return latency, rates_from(0, 0, 0, 0, 0.0), 0.0
+        base_elapsed, base = self._baseline or (0.0, Counters())
+        c = last.counters
+        seconds = last.elapsed - base_elapsed
+        rates = rates_from(c.requests_ok - base.requests_ok,
+                           c.requests_failed - base.requests_failed,
+                           c.requests_good - base.requests_good,
+                           c.output_tokens - base.output_tokens, seconds)
+        return latency, rates, seconds
+
+    def _drift_result(self, buckets: list[dict]) -> dict:
+        first = buckets[0] if buckets else None
+        rows = []
+        for b in buckets:
+            row = dict(b)
+            if first is not None and b is not first:
+                vs = {}
+                for m in TICK_METRICS:
+                    for stat in ("p99_ms", "p99.9_ms"):
+                        a, x = first[m][stat], b[m][stat]
+                        vs[f"{m}_{stat.removesuffix('_ms')}"] = _ratio(x, a)
+                vs["output_tok_s"] = _ratio(b["output_tok_s"], first["output_tok_s"])
+                row["vs_first"] = vs
+            rows.append(row)
+        return {"bucket_s": self.bucket_s, "buckets": rows,
+                "server_rss": self.rss.as_dict(), "gpu_memory": self.gpu_mem.as_dict(),
+                "throughput_change": _ratio(buckets[-1]["output_tok_s"],
+                                            first["output_tok_s"]) if len(buckets) > 1 else None}
+
+
+def _ratio(x: float | None, a: float | None) -> float | None:
+    if x is None or a is None or a == 0:
+        return None
+    return round(x / a, 3)
+
+
+def _ms(us: float | None) -> float | None:
+    if us is None or (isinstance(us, float) and math.isnan(us)):
+        return None
+    return round(us / 1e3, 3)
+
+
+def _nan(x: float | None) -> float:
+    return NAN if x is None else float(x)
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def analyze(snapshots, **kw) -> dict:
+    a = SoakAnalyzer(**kw)
+    for snap in snapshots:
+        a.add(snap)
+    return a.result()

@@ -1,0 +1,400 @@
+"""`tokentop sweep`: raise the load step by step and find where the server bends.
+
+Each step holds a load (streams in closed loop, or a request rate in open
+loop) for a warm-up and a measured period, then records what the measured
+period showed. Two headline numbers come out:
+
+* the knee: the last step before the marginal throughput per added stream
+  (or per added req/s) falls below a fraction (default 0.5) of its initial
+  value — where throughput stops scaling linearly;
+* the max goodput: the step with the most requests per second meeting every
+  per-request SLO (`--slo ttft<500ms,tpot<50ms`), and the load that achieved it.
+
+A sweep stops early when a step shows the server clearly over-saturated
+(queue depth and TTFT both rising steadily through the step), or when its
+error rate passes `--max-error-rate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from loadgen import __version__
+from loadgen.model import hdr
+from loadgen.model.snapshot import METRICS, Control, Snapshot
+from loadgen.run.config import ConfigError, RunConfig
+from loadgen.run.coordinator import Coordinator
+from loadgen.run.preflight import TargetError
+
+SWEEP_FORMAT = 1
+AUTO_MAX_STEPS = 12
+
+
+@dataclass
+class StepResult:
+    load: float  # streams (closed) or req/s (open)
+    seconds: float = 0.0
+    output_tok_s: float = 0.0
+    req_s: float = 0.0
+    goodput_req_s: float | None = None
+    error_rate: float = 0.0
+    ttft_ms: dict[str, float | None] = field(default_factory=dict)
+    itl_ms: dict[str, float | None] = field(default_factory=dict)
+    e2e_ms: dict[str, float | None] = field(default_factory=dict)
+    queue_depth: float | None = None  # mean server waiting (or client backlog)
+    gpu_memory_gb: float | None = None
+    gpu_power_w: float | None = None
+    tokens_per_joule: float | None = None
+    saturated: bool = False
+    note: str = ""
+
+
+@dataclass
+class _Accumulator:
+    """The measured part of one step, from its Snapshots."""
+
+    snaps: list[Snapshot] = field(default_factory=list)
+
+    def result(self, load: float, slo_given: bool) -> StepResult:
+        s = self.snaps
+        r = StepResult(load=load)
+        if len(s) < 2:
+            r.note = "too short to measure"
+            return r
+        first, last = s[0], s[-1]
+        dt = last.t - first.t
+        a, b = first.counters, last.counters
+        r.seconds = dt
+        dense = _sum_hists(s[1:])
+        # tokens as they streamed in (first tokens + every per-token gap), not as requests
+        # completed: a step shorter than a few request lifetimes still reads true
+        streamed = sum(int(dense[m].sum()) for m in ("ttft", "itl") if m in dense)
+        r.output_tok_s = streamed / dt
+        done = (b.requests_ok - a.requests_ok)
+        failed = (b.requests_failed - a.requests_failed)
+        r.req_s = done / dt
+        r.goodput_req_s = (b.requests_good - a.requests_good) / dt if slo_given else None
+        r.error_rate = failed / (done + failed) if done + failed else 0.0
+        r.ttft_ms, r.itl_ms, r.e2e_ms = (_pcts(dense.get(m)) for m in ("ttft", "itl", "e2e"))
+        r.queue_depth = _mean([_queue(x) for x in s])
+        r.gpu_memory_gb = _mean([_gpu(x, "memory_used_bytes", 1e9) for x in s])
+        r.gpu_power_w = _mean([_gpu(x, "power_w", 1.0) for x in s])
+        joules = _energy(first, last)
+        if joules:
+            r.tokens_per_joule = (b.output_tokens - a.output_tokens) / joules
+        r.saturated = _rising(s)
+        return r
+
+
+def _sum_hists(snaps: list[Snapshot]) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for snap in snaps:
+        for m, blob in snap.hist.items():
+            if m in METRICS:
+                d = hdr.decode(blob)
+                out[m] = out[m] + d if m in out else d
+    return out
+
+
+def _pcts(dense: np.ndarray | None) -> dict[str, float | None]:
+    if dense is None:
+        return {"p50": None, "p99": None}
+    s = hdr.summarize(dense)
+    return {k: (None if s[k] is None else s[k] / 1000.0) for k in ("p50", "p99")}
+
+
+def _queue(s: Snapshot) -> float | None:
+    if s.load.mode == "open":
+        return float(s.load.backlog)
+    return s.server.waiting if s.server is not None and s.server.ok else None
+
+
+def _gpu(s: Snapshot, attr: str, scale: float) -> float | None:
+    values = [getattr(g, attr) for g in s.gpu.gpus if getattr(g, attr) is not None]
+    return sum(values) / scale if values else None
+
+
+def _energy(a: Snapshot, b: Snapshot) -> float | None:
+    ea = [g.energy_j for g in a.gpu.gpus]
+    eb = [g.energy_j for g in b.gpu.gpus]
+    if not ea or len(ea) != len(eb) or None in ea or None in eb:
+        return None
+    used = sum(eb) - sum(ea)  # type: ignore[arg-type]
+    return used if used > 0 else None
+
+
+def _mean(values: list[float | None]) -> float | None:
+    v = [x for x in values if x is not None]
+    return sum(v) / len(v) if v else None
+
+
+def _rising(snaps: list[Snapshot]) -> bool:
+    """Queue depth and TTFT both climbing through the step: the server cannot keep up."""
+    t = np.array([s.t for s in snaps])
+    q = [_queue(s) for s in snaps]
+    if len(snaps) < 6 or None in q:
+        return False
+    slope = np.polyfit(t - t[0], np.array(q, float), 1)[0]
+    third = max(1, len(snaps) // 3)
+    early, late = _sum_hists(snaps[:third]).get("ttft"), _sum_hists(snaps[-third:]).get("ttft")
+    if early is None or late is None:
+        return False
+    p_early, p_late = hdr.summarize(early)["p50"], hdr.summarize(late)["p50"]
+    return bool(slope > 0.5 and p_late > 1.5 * p_early)
+
+
+def find_knee(steps: list[StepResult], fraction: float = 0.5) -> StepResult | None:
+    """The last step before marginal throughput per unit of load falls below
+    `fraction` of the first step's (which is measured from zero load)."""
+    prev_load, prev_tput = 0.0, 0.0
+    initial = None
+    for i, s in enumerate(steps):
+        d_load = s.load - prev_load
+        if d_load <= 0:
+            continue
+        marginal = (s.output_tok_s - prev_tput) / d_load
+        if initial is None:
+            initial = marginal
+        elif initial > 0 and marginal < fraction * initial:
+            return steps[i - 1]
+        prev_load, prev_tput = s.load, s.output_tok_s
+    return None
+
+
+def best_goodput(steps: list[StepResult]) -> StepResult | None:
+    scored = [s for s in steps if s.goodput_req_s is not None]
+    if not scored:
+        return None
+    best = max(scored, key=lambda s: s.goodput_req_s or 0.0)
+    return best if (best.goodput_req_s or 0.0) > 0 else None
+
+
+# ---- the command ---------------------------------------------------------------------------
+
+
+def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sweep")
+    g.add_argument("--steps", dest="sweep_steps", default="1,2,4,8,16,32,64",
+                   help="loads to hold, comma-separated, or 'auto' (doubling until the knee "
+                   "or saturation); streams in closed loop, req/s with --mode open")
+    g.add_argument("--step-seconds", type=float, default=20.0, help="measured seconds per step")
+    g.add_argument("--step-warmup", type=float, default=5.0, help="unmeasured seconds per step")
+    g.add_argument("--knee-fraction", type=float, default=0.5,
+                   help="knee: marginal throughput below this fraction of the initial")
+    g.add_argument("--max-error-rate", type=float, default=0.05,
+                   help="stop the sweep after a step with more errors than this")
+    g.add_argument("--sweep-out", type=Path, help="write sweep.json, sweep.csv, sweep.png here")
+
+
+def parse_steps(text: str) -> list[float] | None:
+    if text.strip() == "auto":
+        return None
+    try:
+        steps = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"bad --steps {text!r}: e.g. 1,2,4,8 or auto") from None
+    if not steps or min(steps) <= 0 or steps != sorted(steps):
+        raise ConfigError("--steps must be increasing numbers above 0")
+    return steps
+
+
+async def run_sweep(cfg: RunConfig, args: argparse.Namespace, api_key: str | None = None,
+                    echo=print) -> list[StepResult]:
+    """Hold each step in turn; raises ConfigError / TargetError before any load."""
+    steps = parse_steps(args.sweep_steps)
+    coord = Coordinator(msgspec.structs.replace(cfg, concurrency=0, rate=0.0), api_key)
+    await coord.start()
+    snaps = coord.snapshots()
+    echo(HEADER)
+    try:
+        return await _run(coord, snaps, cfg, args, steps, echo)
+    finally:
+        coord.request_stop("sweep done")
+        async for _ in snaps:
+            pass
+        await coord.close()
+
+
+async def sweep_main(cfg: RunConfig, args: argparse.Namespace, api_key: str | None) -> int:
+    try:
+        results = await run_sweep(cfg, args, api_key, echo=lambda s: print(s, flush=True))
+    except (ConfigError, TargetError) as e:
+        print(f"tokentop sweep: {e}", file=sys.stderr)
+        return 2
+    knee = find_knee(results, args.knee_fraction)
+    best = best_goodput(results)
+    unit = "streams" if cfg.mode == "closed" else "req/s"
+    for line in headline(knee, best, unit, cfg.slo):
+        print(line)
+    print(terminal_curve(results))
+    if args.sweep_out is not None:
+        write_outputs(args.sweep_out, cfg, results, knee, best)
+        print(f"wrote {args.sweep_out}/sweep.json, sweep.csv, sweep.png")
+    return 0 if results else 1
+
+
+async def _run(coord, snaps, cfg: RunConfig, args, steps: list[float] | None,
+               echo) -> list[StepResult]:
+    results: list[StepResult] = []
+    op = "set_concurrency" if cfg.mode == "closed" else "set_rate"
+    load = 1.0
+    i = 0
+    while True:
+        if steps is not None:
+            if i >= len(steps):
+                break
+            load = steps[i]
+        await coord.control(Control(op=op, value=load, source="cli"))
+        result = await _hold(snaps, load, args, bool(coord.parsed.slo))
+        results.append(result)
+        echo(row(result))
+        i += 1
+        if result.saturated or result.error_rate > args.max_error_rate:
+            echo(f"stopping early: {result.note}")
+            break
+        if steps is None:
+            if i >= AUTO_MAX_STEPS or find_knee(results, args.knee_fraction) is not None:
+                break
+            load *= 2
+    return results
+
+
+async def _hold(snaps, load: float, args, slo_given: bool) -> StepResult:
+    acc = _Accumulator()
+    start = None
+    async for snap in snaps:
+        if start is None:
+            start = snap.elapsed
+        if snap.elapsed - start < args.step_warmup:
+            continue
+        acc.snaps.append(snap)
+        if snap.elapsed - start >= args.step_warmup + args.step_seconds:
+            break
+        await asyncio.sleep(0)
+    r = acc.result(load, slo_given)
+    if r.saturated:
+        r.note = "queue depth and TTFT rising steadily: the server is over-saturated"
+    elif r.error_rate > args.max_error_rate:
+        r.note = f"error rate {r.error_rate:.1%} passed --max-error-rate"
+    return r
+
+
+HEADER = (f"{'load':>7} {'tok/s':>8} {'req/s':>7} {'goodput':>7} {'err':>6}  "
+          f"{'TTFT p50/p99 ms':>16}  {'ITL p50/p99 ms':>15}  {'queue':>6} {'tok/J':>6}")
+
+
+def _f(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def row(r: StepResult) -> str:
+    lat = lambda d: f"{_f(d.get('p50'))}/{_f(d.get('p99'))}"  # noqa: E731
+    flag = "  saturated" if r.saturated else ""
+    return (f"{r.load:>7g} {r.output_tok_s:>8.0f} {r.req_s:>7.2f} {_f(r.goodput_req_s, 2):>7} "
+            f"{r.error_rate:>6.1%}  {lat(r.ttft_ms):>16}  {lat(r.itl_ms):>15}  "
+            f"{_f(r.queue_depth):>6} {_f(r.tokens_per_joule, 2):>6}{flag}")
+
+
+def headline(knee: StepResult | None, best: StepResult | None, unit: str,
+             slo: str | None) -> list[str]:
+    lines = []
+    if knee is None:
+        lines.append("knee: not reached (throughput still scaling at the last step)")
+    else:
+        lines.append(f"knee: {knee.load:g} {unit} ({knee.output_tok_s:.0f} output tok/s): "
+                     "beyond it each added unit of load buys less than half as much throughput")
+    if slo:
+        if best is None:
+            lines.append(f"max goodput under {slo}: no step met the SLO")
+        else:
+            lines.append(f"max goodput under {slo}: {best.goodput_req_s:.2f} req/s "
+                         f"at {best.load:g} {unit}")
+    return lines
+
+
+def write_outputs(out: Path, cfg: RunConfig, results: list[StepResult],
+                  knee: StepResult | None, best: StepResult | None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "format": SWEEP_FORMAT,
+        "tokentop_version": __version__,
+        "config": msgspec.to_builtins(cfg),
+        "unit": "streams" if cfg.mode == "closed" else "req/s",
+        "steps": [asdict(r) for r in results],
+        "knee": knee.load if knee else None,
+        "max_goodput": {"load": best.load, "req_s": best.goodput_req_s} if best else None,
+    }
+    (out / "sweep.json").write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2))
+    with open(out / "sweep.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["load", "output_tok_s", "req_s", "goodput_req_s", "error_rate",
+                    "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p99_ms",
+                    "queue_depth", "gpu_memory_gb", "gpu_power_w", "tokens_per_joule"])
+        for r in results:
+            w.writerow([r.load, r.output_tok_s, r.req_s, r.goodput_req_s, r.error_rate,
+                        r.ttft_ms.get("p50"), r.ttft_ms.get("p99"), r.itl_ms.get("p50"),
+                        r.itl_ms.get("p99"), r.e2e_ms.get("p99"), r.queue_depth,
+                        r.gpu_memory_gb, r.gpu_power_w, r.tokens_per_joule])
+    plot_curve(out / "sweep.png", [(cfg_label(cfg), results)], knee)
+
+
+def cfg_label(cfg: RunConfig) -> str:
+    return cfg.url or "embedded simulator"
+
+
+def terminal_curve(results: list[StepResult], width: int = 72, height: int = 16) -> str:
+    """The throughput-vs-latency curve as text, for the terminal (plotext)."""
+    import plotext as plt
+
+    points = [(r.output_tok_s, r.ttft_ms.get("p99")) for r in results]
+    points = [(x, y) for x, y in points if y is not None]
+    if len(points) < 2:
+        return ""
+    plt.clear_figure()
+    plt.plot_size(width, height)
+    plt.theme("clear")
+    if not sys.stdout.isatty():
+        plt.clear_color()
+    plt.plot([x for x, _ in points], [y for _, y in points], marker="dot")
+    plt.xlabel("output tok/s")
+    plt.ylabel("P99 TTFT ms")
+    return plt.build()
+
+
+def plot_curve(path: Path, series: list[tuple[str, list[StepResult]]],
+               knee: StepResult | None = None) -> None:
+    """Throughput vs P99 TTFT, one line per series, the load written at each point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    for label, steps in series:
+        xs = [s.output_tok_s for s in steps]
+        ys = [s.ttft_ms.get("p99") or float("nan") for s in steps]
+        ax.plot(xs, ys, marker="o", label=label)
+        for s, x, y in zip(steps, xs, ys, strict=True):
+            ax.annotate(f"{s.load:g}", (x, y), textcoords="offset points", xytext=(4, 4),
+                        fontsize=8)
+    if knee is not None and knee.ttft_ms.get("p99") is not None:
+        ax.axvline(knee.output_tok_s, linestyle="--", color="grey")
+        ax.annotate("knee", (knee.output_tok_s, knee.ttft_ms["p99"]), xytext=(6, -14),
+                    textcoords="offset points", color="grey")
+    ax.set_xlabel("output tokens / s")
+    ax.set_ylabel("P99 TTFT (ms)")
+    ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ax.set_title("throughput vs latency")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

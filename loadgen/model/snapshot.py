@@ -1,0 +1,265 @@
+"""The Snapshot: one tick of one run, the record every consumer reads.
+
+A live run, a replay of a run directory and a fleet agent over MQTT are all
+sources of the same Snapshot, so the console, the recorder and the publisher
+never know which one they are looking at. It is versioned (`v`) and
+JSON-serialisable; readers refuse versions they do not know.
+
+Conventions, so that nothing has to be guessed downstream:
+
+* Latency histograms are *interval* histograms: only what completed during
+  this tick, encoded the HdrHistogram way (V2, compressed, base64), values in
+  microseconds. Windows (10 s, 1 min, whole run) are sums of intervals
+  (see `loadgen.model.windows`).
+* `counters` are cumulative since the run started, so a lost Snapshot (MQTT
+  QoS 0) loses no totals; rates come from differences.
+* Every gauge that can be unknown is `None` when unknown. A `None` is shown as
+  "n/a"; a zero is a measured zero.
+* `events` holds only the events raised during this tick.
+* Secrets (API keys, broker passwords) never appear here.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+SNAPSHOT_VERSION = 1
+
+# Latency metrics carried in `Snapshot.hist` (all in µs). See DESIGN.md for definitions.
+# lag, ttft_co and e2e_co exist in open loop only (intended send time); ttft_err and
+# itl_err in calibration only (|measured − true|). A metric with no samples is left out.
+METRICS = ("ttft", "itl", "tpot", "e2e", "icl", "lag", "ttft_co", "e2e_co", "ttft_err", "itl_err")
+
+# Error kinds the client classifies failures into.
+ERROR_KINDS = (
+    "connect",
+    "timeout",
+    "http_4xx",
+    "http_429",
+    "http_5xx",
+    "stream_broken",
+    "malformed_chunk",
+    "empty_response",
+    "cancelled",
+    "client_backlog_full",
+)
+
+
+class Target(msgspec.Struct, kw_only=True):
+    url: str  # base URL of the OpenAI API, e.g. http://127.0.0.1:8000/v1
+    model: str
+    api: str = "chat"  # chat | completions
+    simulated: bool = False  # the embedded simulator, started by tokentop
+
+
+class LoadState(msgspec.Struct, kw_only=True):
+    mode: str = "closed"  # closed (N concurrent streams) | open (request rate)
+    state: str = "starting"  # starting | running | paused | draining | stopped
+    target_concurrency: int = 0
+    target_rate: float | None = None  # open loop: requests/s
+    arrival: str | None = None  # open loop: constant | poisson | gamma(k)
+    max_in_flight: int | None = None  # open loop cap
+    in_flight: int = 0  # requests sent and not yet finished, all workers
+    backlog: int = 0  # requests due but not yet sent (open loop)
+    warmup: bool = False  # this tick is warm-up: excluded from results
+    outage_since: float | None = None  # unix time the current outage began (None: no outage)
+    note: str | None = None  # e.g. "ramp 8→64, 30 s left"
+
+
+class Counters(msgspec.Struct, kw_only=True):
+    """Cumulative since the run started."""
+
+    requests_ok: int = 0
+    requests_failed: int = 0
+    requests_cancelled: int = 0  # abandoned by the client on purpose (also in errors)
+    requests_good: int = 0  # ok and within every per-request SLO (goodput)
+    output_tokens: int = 0
+    input_tokens: int = 0
+    chunks: int = 0
+    # output tokens that were counted from chunks because the server sent no usage
+    estimated_output_tokens: int = 0
+    errors: dict[str, int] = msgspec.field(default_factory=dict)
+
+    def add(self, other: Counters) -> None:
+        self.requests_ok += other.requests_ok
+        self.requests_failed += other.requests_failed
+        self.requests_cancelled += other.requests_cancelled
+        self.requests_good += other.requests_good
+        self.output_tokens += other.output_tokens
+        self.input_tokens += other.input_tokens
+        self.chunks += other.chunks
+        self.estimated_output_tokens += other.estimated_output_tokens
+        for kind, n in other.errors.items():
+            self.errors[kind] = self.errors.get(kind, 0) + n
+
+
+class ServerMetrics(msgspec.Struct, kw_only=True):
+    """What the server's own Prometheus /metrics says, mapped to a common view."""
+
+    url: str
+    ok: bool = False
+    error: str | None = None  # why the scrape failed, in words
+    engine: str | None = None  # vllm | sglang | tgi | trtllm | triton | llamacpp | unknown
+    waiting: float | None = None
+    running: float | None = None
+    kv_cache_usage: float | None = None  # 0..1
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    preemptions_total: float | None = None
+    # rates from the counters between the last two scrapes (a counter reset is a restart,
+    # never a negative rate)
+    prompt_tok_s: float | None = None
+    generation_tok_s: float | None = None
+    restarts: int = 0  # counter resets seen since the probe started
+    # the server's own latency quantiles over the last ~10 s, from its histogram buckets:
+    # {"ttft": {"p50": ms, "p90": ms, "p99": ms}, "itl": …, "e2e": …, "queue": …}
+    latency_ms: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
+    # unknown engines: a few of the gauges that are there, by name
+    generic: dict[str, float] = msgspec.field(default_factory=dict)
+    scrape_ms: float | None = None
+
+
+class GpuProcess(msgspec.Struct, kw_only=True):
+    pid: int
+    name: str | None = None
+    used_bytes: int | None = None
+
+
+class GpuSample(msgspec.Struct, kw_only=True):
+    index: int
+    name: str
+    simulated: bool = False
+    uuid: str | None = None
+    lost: bool = False  # the GPU fell off the bus / stopped answering
+    message: str | None = None  # why values are missing, in words
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    utilization_pct: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temperature_c: float | None = None
+    energy_j: float | None = None  # total energy counter since driver load (or sim start)
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    throttle_reasons: list[str] | None = None  # decoded clock-event reasons, in words
+    pcie_tx_kbs: float | None = None
+    pcie_rx_kbs: float | None = None
+    ecc_corrected: int | None = None  # volatile (since boot) ECC error counts
+    ecc_uncorrected: int | None = None
+    processes: list[GpuProcess] | None = None  # processes using this GPU (server's first)
+    mig: list[str] | None = None  # MIG devices, where MIG is enabled
+
+
+class GpuStatus(msgspec.Struct, kw_only=True):
+    source: str = "none"  # nvml | simulated | none
+    message: str | None = None  # e.g. "no NVIDIA driver found (libnvidia-ml.so.1 missing)"
+    gpus: list[GpuSample] = msgspec.field(default_factory=list)
+    poll_ms: float | None = None
+    driver: str | None = None  # driver version, where known
+
+
+class HostSample(msgspec.Struct, kw_only=True):
+    cpu_pct: float | None = None  # whole host, 0..100
+    cpu_count: int | None = None
+    cpu_per_core: list[float] | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    swap_used_bytes: int | None = None
+    swap_total_bytes: int | None = None
+    load1: float | None = None
+    net_rx_bps: float | None = None  # bytes per second, all interfaces
+    net_tx_bps: float | None = None
+    disk_read_bps: float | None = None
+    disk_write_bps: float | None = None
+
+
+class ProcessSample(msgspec.Struct, kw_only=True):
+    """The inference server's process (and its children, summed), found by pid, port or name."""
+
+    pid: int
+    name: str | None = None
+    found_by: str | None = None  # pid | port | name
+    rss_bytes: int | None = None  # the process and its children
+    cpu_pct: float | None = None  # 100 = one core
+    threads: int | None = None
+    open_files: int | None = None
+    children: int | None = None
+    rss_slope_mb_h: float | None = None  # least-squares slope over the recent window
+
+
+class ClientSample(msgspec.Struct, kw_only=True):
+    """The load generator's own health: if it saturates, its numbers are at risk."""
+
+    workers: int = 0
+    cpu_pct: float | None = None  # sum over worker processes, 100 = one core
+    worker_cpu_pct: list[float] | None = None  # per worker, 100 = one core
+    loop_lag_ms: float | None = None  # worst event-loop lag of any worker this tick
+
+
+class Event(msgspec.Struct, kw_only=True):
+    t: float  # unix seconds
+    kind: str  # error | outage | recovery | operator | probe | gpu | slo | run
+    level: str = "info"  # info | warn | error
+    message: str
+
+
+class Snapshot(msgspec.Struct, kw_only=True):
+    v: int = SNAPSHOT_VERSION
+    run_id: str
+    seq: int  # 0, 1, 2 … per run
+    t: float  # unix seconds at the end of the interval
+    elapsed: float  # seconds since the run started
+    interval: float  # seconds this tick's histograms cover
+    target: Target
+    load: LoadState
+    counters: Counters
+    hist: dict[str, str] = msgspec.field(default_factory=dict)  # metric -> encoded interval hist
+    server: ServerMetrics | None = None
+    gpu: GpuStatus = msgspec.field(default_factory=GpuStatus)
+    host: HostSample | None = None
+    process: ProcessSample | None = None
+    client: ClientSample = msgspec.field(default_factory=ClientSample)
+    events: list[Event] = msgspec.field(default_factory=list)
+
+
+class SnapshotVersionError(ValueError):
+    pass
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Snapshot)
+
+
+def to_json(snapshot: Snapshot) -> bytes:
+    return _encoder.encode(snapshot)
+
+
+def from_json(data: bytes | str) -> Snapshot:
+    """Decode one Snapshot; raises SnapshotVersionError or msgspec.DecodeError with a clear text."""
+    snap = _decoder.decode(data)
+    if snap.v != SNAPSHOT_VERSION:
+        raise SnapshotVersionError(
+            f"snapshot format version {snap.v} is not supported "
+            f"(this tokentop reads {SNAPSHOT_VERSION})"
+        )
+    return snap
+
+
+class Control(msgspec.Struct, kw_only=True):
+    """A plain control message; the console, the CLI and MQTT all send these.
+
+    op: set_concurrency (value) | add_concurrency (value, may be negative) |
+        set_rate (value, req/s) | add_rate (value) | set_mode (note: closed | open) |
+        auto_ramp (climb while the SLOs hold) | pause | resume | stop | mark (note)
+    """
+
+    op: str
+    value: float | None = None
+    note: str | None = None
+    source: str = "cli"  # who asked: key | cli | mqtt
+
+
+CONTROL_OPS = (
+    "set_concurrency", "add_concurrency", "set_rate", "add_rate", "set_mode", "auto_ramp",
+    "pause", "resume", "stop", "mark",
+)

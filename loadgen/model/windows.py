@@ -1,0 +1,198 @@
+"""Windows over a stream of Snapshots: percentiles and rates for the last N seconds.
+
+A window is a sum of interval histograms, kept as a dense running sum: each
+new interval is added, and intervals that fall out of the window are
+subtracted. Intervals are held sparse (only non-empty buckets), and long
+windows are held in coarser blocks, so memory stays bounded for a 72-hour run
+whatever the request rate.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from loadgen.model import hdr
+from loadgen.model.snapshot import METRICS, Counters, Snapshot
+
+WINDOWS = {"10s": 10.0, "1m": 60.0, "10m": 600.0, "run": None}
+
+
+@dataclass
+class _Block:
+    t_end: float
+    sparse: dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+def _sparse(dense: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    nz = np.flatnonzero(dense)
+    return nz.astype(np.int32), dense[nz]
+
+
+class RollingHistograms:
+    """Dense running sums of every metric over the last `span` seconds.
+
+    `granularity` > 0 groups intervals into blocks of that many seconds before
+    they enter the ring (the 10-minute window is exact to 10 s).
+    """
+
+    def __init__(self, span: float | None, granularity: float = 0.0) -> None:
+        self.span = span
+        self.granularity = granularity
+        self.dense = {m: np.zeros(hdr.COUNTS_LEN, np.int64) for m in METRICS}
+        self._ring: deque[_Block] = deque()
+        self._pending = (
+            {m: np.zeros(hdr.COUNTS_LEN, np.int64) for m in METRICS} if granularity > 0 else {}
+        )
+        self._pending_start: float | None = None
+
+    def add(self, t: float, interval: dict[str, np.ndarray]) -> None:
+        for m, d in interval.items():
+            self.dense[m] += d
+        if self.span is None:
+            return
+        if self.granularity <= 0:
+            self._ring.append(_Block(t, {m: _sparse(d) for m, d in interval.items()}))
+        else:
+            if self._pending_start is None:
+                self._pending_start = t
+            for m, d in interval.items():
+                self._pending[m] += d
+            if t - self._pending_start >= self.granularity:
+                self._ring.append(_Block(t, {m: _sparse(d) for m, d in self._pending.items()}))
+                for d in self._pending.values():
+                    d[:] = 0  # reused: no fresh 184 KB arrays every block
+                self._pending_start = None
+        self._expire(t)
+
+    def _expire(self, now: float) -> None:
+        while self._ring and self._ring[0].t_end <= now - self.span:
+            block = self._ring.popleft()
+            for m, (idx, cnt) in block.sparse.items():
+                self.dense[m][idx] -= cnt
+
+    def reset(self) -> None:
+        for d in self.dense.values():
+            d[:] = 0
+        self._ring.clear()
+        for d in self._pending.values():
+            d[:] = 0
+        self._pending_start = None
+
+
+@dataclass
+class WindowStats:
+    name: str
+    seconds: float  # how much time the window actually covers so far
+    latency: dict[str, hdr.Summary]  # metric -> summary (µs)
+    output_tok_s: float | None
+    input_tok_s: float | None
+    req_s: float | None
+    err_s: float | None
+    requests_ok: int
+    requests_failed: int
+    requests_cancelled: int = 0
+    output_tokens: int = 0
+    input_tokens: int = 0
+    goodput_req_s: float | None = None  # requests/s that met every per-request SLO
+    errors: dict[str, int] = field(default_factory=dict)
+    tokens_estimated: bool = False
+
+
+class SnapshotWindows:
+    """Feed Snapshots in; ask for WindowStats of any named window."""
+
+    def __init__(self) -> None:
+        self._rolling = {
+            "10s": RollingHistograms(10.0),
+            "1m": RollingHistograms(60.0),
+            "10m": RollingHistograms(600.0, granularity=10.0),
+            "run": RollingHistograms(None),
+        }
+        # (t, counters) per tick for rates, 10 minutes at most (a few small objects a tick)
+        self._counters: deque[tuple[float, Counters]] = deque()
+        self._first: tuple[float, Counters] | None = None
+        self.last: Snapshot | None = None
+
+    def add(self, snap: Snapshot) -> None:
+        interval = {m: hdr.decode(blob) for m, blob in snap.hist.items() if m in METRICS}
+        for r in self._rolling.values():
+            r.add(snap.t, interval)
+        point = (snap.t, snap.counters)
+        if self._first is None:
+            # rates over the whole run start from zero at the run's start
+            self._first = (snap.t - snap.elapsed, Counters())
+            self._counters.append(self._first)
+        self._counters.append(point)
+        while self._counters and self._counters[0][0] < snap.t - 600.0 - 10.0:
+            self._counters.popleft()
+        self.last = snap
+
+    def reset(self) -> None:
+        """Forget everything so far (the `r` key): windows restart from now."""
+        for r in self._rolling.values():
+            r.reset()
+        self._counters.clear()
+        if self.last is not None:
+            self._first = (self.last.t, self.last.counters)
+            self._counters.append(self._first)
+
+    def dense(self, name: str) -> dict[str, np.ndarray]:
+        """The window's summed histograms (dense counts, µs), by metric; do not modify."""
+        return self._rolling[name].dense
+
+    def stats(self, name: str, metrics: Iterable[str] | None = None) -> WindowStats:
+        """Percentiles and rates of a window; `metrics` limits the (costly) percentile work
+        to the latencies the caller shows."""
+        span = WINDOWS[name]
+        dense = self._rolling[name].dense
+        wanted = dense.keys() if metrics is None else [m for m in metrics if m in dense]
+        latency = {m: hdr.summarize(dense[m]) for m in wanted}
+        start, end = self._rate_points(span)
+        rates = _rates(start, end)
+        return WindowStats(
+            name=name,
+            seconds=(end[0] - start[0]) if start and end else 0.0,
+            latency=latency,
+            **rates,
+        )
+
+    def _rate_points(self, span: float | None):
+        if not self._counters:
+            return None, None
+        end = self._counters[-1]
+        if span is None:
+            return self._first, end
+        start = self._counters[0]
+        for point in self._counters:
+            if point[0] >= end[0] - span - 1e-6:
+                start = point
+                break
+        return start, end
+
+
+def _rates(start, end) -> dict:
+    if not start or not end or end[0] - start[0] <= 0:
+        # no time covered yet (just started, or just reset): nothing counted, no rates
+        return dict(output_tok_s=None, input_tok_s=None, req_s=None, err_s=None,
+                    requests_ok=0, requests_failed=0)
+    dt = end[0] - start[0]
+    a, b = start[1], end[1]
+    errors = {k: v - a.errors.get(k, 0) for k, v in b.errors.items() if v - a.errors.get(k, 0)}
+    return dict(
+        output_tok_s=(b.output_tokens - a.output_tokens) / dt,
+        input_tok_s=(b.input_tokens - a.input_tokens) / dt,
+        req_s=(b.requests_ok - a.requests_ok) / dt,
+        err_s=(b.requests_failed - a.requests_failed) / dt,
+        requests_ok=b.requests_ok - a.requests_ok,
+        requests_failed=b.requests_failed - a.requests_failed,
+        requests_cancelled=b.requests_cancelled - a.requests_cancelled,
+        output_tokens=b.output_tokens - a.output_tokens,
+        input_tokens=b.input_tokens - a.input_tokens,
+        goodput_req_s=(b.requests_good - a.requests_good) / dt,
+        errors=errors,
+        tokens_estimated=b.estimated_output_tokens > a.estimated_output_tokens,
+    )

@@ -1,0 +1,151 @@
+"""Auto-ramp (the `a` key): climb while the SLOs hold, settle at the boundary.
+
+Concurrency doubles step by step; each step is held for a warm-up and a
+measured period and judged on what that period alone showed. At the first
+failing step the search narrows by halving the gap between the highest step
+that passed and the lowest that failed, until the two are adjacent (or within
+10 %); the load then settles at the highest passing step and stays there.
+
+A step passes when every whole-run threshold of `--slo` holds over it
+(ttft_p99<…, error_rate<…), at least 90 % of its requests met the per-request
+limits (ttft<…), and its error rate is under 5 %. With no SLO at all the
+knee rule decides instead: a step fails when it added less than half the
+throughput per added stream that the first step had.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from loadgen.model import hdr
+from loadgen.model.snapshot import Counters
+from loadgen.run.config import Slos, Threshold
+
+GOOD_FRACTION = 0.9
+MAX_ERROR_RATE = 0.05
+
+
+class AutoRamp:
+    def __init__(self, slos: Slos, *, start: int = 1, hold_s: float = 10.0,
+                 warmup_s: float = 3.0, max_load: int = 4096) -> None:
+        self.slos = slos
+        self.hold_s = hold_s
+        self.warmup_s = warmup_s
+        self.max_load = max_load
+        self.load = start
+        self.passed: int | None = None  # highest step that met the SLOs
+        self.failed: int | None = None  # lowest step that did not
+        self.settled = False
+        self.history: list[tuple[int, bool, float]] = []  # (load, passed, output tok/s)
+        self._step_start: float | None = None
+        self._dense: dict[str, np.ndarray] = {}
+        self._c0: Counters | None = None
+
+    def observe(
+        self, elapsed: float, dense: dict[str, np.ndarray], counters: Counters
+    ) -> int | None:
+        """Feed one tick; returns the next load to apply when the step is over."""
+        if self.settled:
+            return None
+        if self._step_start is None:
+            self._step_start = elapsed
+        in_step = elapsed - self._step_start
+        if in_step < self.warmup_s:
+            return None
+        if self._c0 is None:
+            self._c0 = _copy(counters)
+        for m, d in dense.items():
+            self._dense[m] = self._dense[m] + d if m in self._dense else d.copy()
+        if in_step < self.warmup_s + self.hold_s:
+            return None
+        ok = self._judge(counters)
+        return self._next(ok)
+
+    def _judge(self, counters: Counters) -> bool:
+        c0 = self._c0 or Counters()
+        done = counters.requests_ok - c0.requests_ok
+        failed = counters.requests_failed - c0.requests_failed
+        good = counters.requests_good - c0.requests_good
+        seconds = self.hold_s
+        streamed = sum(int(self._dense[m].sum()) for m in ("ttft", "itl") if m in self._dense)
+        tput = streamed / seconds
+        ok = done > 0 and failed / (done + failed) <= MAX_ERROR_RATE
+        if ok and self.slos.per_request is not None:
+            ok = good >= GOOD_FRACTION * done
+        for t in self.slos.thresholds:
+            ok = ok and t.passes(self._measure(t, done, failed, seconds, tput))
+        if ok and not self.slos.thresholds and self.slos.per_request is None:
+            ok = self._scales(tput)
+        self.history.append((self.load, ok, tput))
+        return ok
+
+    def _measure(self, t: Threshold, done: int, failed: int, seconds: float,
+                 tput: float) -> float | None:
+        if t.metric == "error_rate":
+            return failed / (done + failed) if done + failed else None
+        if t.metric == "req_s":
+            return done / seconds
+        if t.metric == "output_tok_s":
+            return tput
+        if t.metric == "goodput_req_s":
+            return None
+        dense = self._dense.get(t.metric)
+        return None if dense is None else hdr.summarize(dense)[t.stat or "p99"]
+
+    def _scales(self, tput: float) -> bool:
+        """The knee rule, for when no SLO is given."""
+        if not self.history:
+            return True
+        first_load, _, first_tput = self.history[0]
+        prev_load, _, prev_tput = max((h for h in self.history if h[1]), default=self.history[0])
+        if self.load <= prev_load:
+            return True
+        initial = first_tput / first_load
+        return (tput - prev_tput) / (self.load - prev_load) >= 0.5 * initial
+
+    def _next(self, ok: bool) -> int | None:
+        if ok:
+            self.passed = max(self.passed or 0, self.load)
+        else:
+            self.failed = self.load if self.failed is None else min(self.failed, self.load)
+        if self.failed is None:
+            nxt = min(self.load * 2, self.max_load)
+            if nxt == self.load:
+                return self._settle()
+        else:
+            low = self.passed or 0
+            if self.failed - low <= max(1, low // 10):
+                return self._settle()
+            nxt = (low + self.failed) // 2
+            if nxt in (low, self.failed) or nxt == 0:
+                return self._settle()
+        return self._begin(nxt)
+
+    def _begin(self, load: int) -> int:
+        self.load = load
+        self._step_start = None
+        self._dense = {}
+        self._c0 = None
+        return load
+
+    def _settle(self) -> int:
+        self.settled = True
+        self.load = self.passed or 1
+        return self.load
+
+    def describe(self, elapsed: float) -> str:
+        if self.settled:
+            if self.passed is None:
+                return "auto-ramp: no step met the SLOs; holding 1 stream"
+            return f"auto-ramp settled at {self.load} streams (the highest step within the SLOs)"
+        start = self._step_start if self._step_start is not None else elapsed
+        left = max(0.0, self.warmup_s + self.hold_s - (elapsed - start))
+        bounds = f", passed {self.passed}" if self.passed else ""
+        bounds += f", failed {self.failed}" if self.failed else ""
+        return f"auto-ramp: trying {self.load} streams, {left:.0f} s left{bounds}"
+
+
+def _copy(c: Counters) -> Counters:
+    out = Counters()
+    out.add(c)
+    return out

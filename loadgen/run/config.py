@@ -1,0 +1,271 @@
+"""A run's configuration: what the command line, the console and an agent all build.
+
+It crosses process boundaries (console → engine process, manifest on disk),
+so it is a plain msgspec struct of plain values; `parsed()` turns the text
+forms (length distributions, ramps, SLOs) into objects and is where every bad
+value becomes one clear sentence (ConfigError). Secrets are not here: the API
+key travels in the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import msgspec
+
+from loadgen.run.ramp import Ramp, RampError
+from loadgen.worker.load import Arrivals
+from loadgen.worker.stream_measure import Slo
+from loadgen.worker.wire import Cancelling, LoadSpec
+from loadgen.worker.workload import LengthDist, Workload, WorkloadError, load_prompts
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; str(e) is the message for the user."""
+
+
+class PublishTo(msgspec.Struct, kw_only=True):
+    """`--publish`: where a console's engine also sends its Snapshots (MQTT). No password
+    here: it travels in the environment ($TOKENTOP_MQTT_PASSWORD)."""
+
+    broker: str  # mqtt://[user@]host[:port] or mqtts://…
+    fleet: str
+    name: str
+    keepalive: int = 10
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+class RunConfig(msgspec.Struct, kw_only=True):
+    url: str | None = None  # None: start the embedded simulator
+    model: str | None = None  # None: the server's first model
+    api: str = "chat"  # chat | completions
+    metrics_url: str | None = None
+    server_pid: int | None = None  # the server's process, when it cannot be found by port
+    server_name: str | None = None
+    client: str = "raw"  # raw (fast, httptools) | openai (the official SDK)
+    # load
+    mode: str = "closed"  # closed | open
+    concurrency: int = 8
+    rate: float = 1.0  # open loop, requests/s
+    arrival: str = "poisson"  # constant | poisson | gamma
+    burstiness: float = 1.0  # gamma shape
+    max_in_flight: int | None = None  # open loop cap
+    ramp: str | None = None  # see loadgen.run.ramp
+    auto_ramp: bool = False  # start climbing at once (the console's `a` key does it later)
+    auto_ramp_hold: float = 10.0  # measured seconds per auto-ramp step
+    auto_ramp_warmup: float = 3.0  # unmeasured seconds per auto-ramp step
+    # workload
+    input_tokens: str = "128"
+    output_tokens: str = "128"
+    shared_prefix: int = 0
+    prompts_file: str | None = None
+    ignore_eos: bool = True
+    continuous_usage: bool = True
+    # limits
+    duration: float | None = None  # seconds of load after warm-up; None: until stopped
+    warmup: float = 0.0  # seconds excluded from results
+    max_requests: int | None = None
+    stop_error_rate: float | None = None  # stop when the 10 s error fraction passes this
+    cancel_rate: float = 0.0
+    cancel_at: str | None = None  # "20" tokens or "1.5s"
+    slo: str | None = None  # "ttft<500ms,ttft_p99<1s,error_rate<1%": see parse_slos
+    # machinery
+    workers: int = 0  # 0: cores - 1, at least 1
+    tick: float = 0.5
+    request_timeout: float = 600.0
+    drain_grace: float = 10.0
+    sim_args: list[str] = msgspec.field(default_factory=list)
+    seed: int = 0
+    publish: PublishTo | None = None
+    calibrate: bool = False  # timing error against the exact-timing simulator's stamps
+
+    # recording (loadgen.record.recorder): the run directory (None: the default under
+    # $XDG_DATA_HOME/tokentop/runs), what to do when it cannot be written (stop | continue),
+    # and the run directory to continue (--resume)
+    out: str | None = None
+    on_disk_full: str = "stop"
+    resume: str | None = None
+
+    def parsed(self) -> Parsed:
+        return _parse(self)
+
+    def load_spec(self) -> LoadSpec:
+        return LoadSpec(
+            mode=self.mode,
+            concurrency=self.concurrency,
+            rate=self.rate,
+            arrival=self.arrival,
+            shape=self.burstiness,
+            max_in_flight=self.max_in_flight,
+        )
+
+
+@dataclass(frozen=True)
+class Parsed:
+    input_tokens: LengthDist
+    output_tokens: LengthDist
+    ramp: Ramp | None
+    slos: Slos
+    cancelling: Cancelling
+
+    @property
+    def slo(self) -> Slo | None:
+        """The per-request limits (goodput)."""
+        return self.slos.per_request
+
+    def workload(self, cfg: RunConfig, model: str) -> Workload:
+        return Workload(
+            model=model,
+            api=cfg.api,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            shared_prefix=cfg.shared_prefix,
+            prompts_file=cfg.prompts_file,
+            ignore_eos=cfg.ignore_eos,
+            continuous_usage=cfg.continuous_usage,
+            seed=cfg.seed,
+        )
+
+
+def default_workers() -> int:
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+def _parse(cfg: RunConfig) -> Parsed:
+    _check_choices(cfg)
+    try:
+        inp = LengthDist.parse(cfg.input_tokens)
+        out = LengthDist.parse(cfg.output_tokens)
+        if cfg.prompts_file:
+            load_prompts(cfg.prompts_file)  # fail now, in words, not in every worker
+        ramp = Ramp.parse(cfg.ramp) if cfg.ramp else None
+    except (WorkloadError, RampError) as e:
+        raise ConfigError(str(e)) from None
+    return Parsed(inp, out, ramp, parse_slos(cfg.slo), _cancelling(cfg))
+
+
+def _check_choices(cfg: RunConfig) -> None:
+    checks = [
+        (cfg.api in ("chat", "completions"), f"--api must be chat or completions, not {cfg.api!r}"),
+        (cfg.mode in ("closed", "open"), f"--mode must be closed or open, not {cfg.mode!r}"),
+        (cfg.client in ("raw", "openai"), f"--client must be raw or openai, not {cfg.client!r}"),
+        (cfg.arrival in Arrivals.KINDS, f"--arrival must be one of {', '.join(Arrivals.KINDS)}"),
+        (cfg.burstiness > 0, "--burstiness must be more than 0"),
+        (cfg.rate >= 0, "--rate must not be negative"),
+        (0 <= cfg.cancel_rate <= 1, "--cancel-rate is a fraction between 0 and 1"),
+        (cfg.stop_error_rate is None or 0 < cfg.stop_error_rate <= 1,
+         "--stop-error-rate is a fraction between 0 and 1"),
+        (cfg.shared_prefix >= 0, "--shared-prefix must not be negative"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|µs|ms|s)?\s*$")
+_UNIT_US = {"us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6, None: 1e3}  # bare numbers are ms
+
+
+def parse_us(text: str) -> float:
+    m = _DURATION.match(text)
+    if not m:
+        raise ConfigError(f"bad time {text!r}: use e.g. 500ms, 2s or 800us")
+    return float(m.group(1)) * _UNIT_US[m.group(2)]
+
+
+class Threshold(msgspec.Struct, frozen=True):
+    """A whole-run pass/fail limit, k6 style: `ttft_p99<500ms`, `error_rate<0.1%`."""
+
+    metric: str  # ttft | itl | tpot | e2e | error_rate | req_s | output_tok_s
+    stat: str | None  # p50 | p90 | p99 | p99.9 | max | mean (latencies only)
+    op: str  # < | <= | > | >=
+    value: float  # µs for latencies, a fraction for error_rate, per second for rates
+    text: str  # as the user wrote it, for reports
+
+    def passes(self, measured: float | None) -> bool:
+        if measured is None:
+            return False
+        return {"<": measured < self.value, "<=": measured <= self.value,
+                ">": measured > self.value, ">=": measured >= self.value}[self.op]
+
+
+class Slos(msgspec.Struct, frozen=True):
+    per_request: Slo | None  # goodput: each request within these
+    thresholds: list[Threshold]  # the run passes when all hold
+
+
+_LATENCIES = ("ttft", "itl", "tpot", "e2e")
+_STATS = ("p50", "p90", "p99", "p99.9", "max", "mean")
+_SLO_PART = re.compile(
+    r"^\s*([a-z0-9_]+?)(?:_(" + "|".join(re.escape(s) for s in _STATS) + r"))?"
+    r"\s*(<=|<|>=|>|=)\s*(.+)$"
+)
+
+
+def parse_slos(text: str | None) -> Slos:
+    """`--slo` parts, comma-separated:
+
+    ttft<500ms, tpot<50ms, e2e<10s   per request: a request inside all of them is "good"
+                                     (goodput = good requests per second)
+    ttft_p99<500ms, itl_p99.9<80ms   whole run: pass/fail thresholds (exit code 3 on fail)
+    error_rate<0.1%, output_tok_s>1000, req_s>=5
+    """
+    if not text:
+        return Slos(None, [])
+    per_request: dict[str, float] = {}
+    thresholds: list[Threshold] = []
+    for part in text.split(","):
+        m = _SLO_PART.match(part.strip().lower())
+        if not m:
+            raise ConfigError(f"bad --slo part {part.strip()!r}: use e.g. ttft<500ms, "
+                              "ttft_p99<500ms or error_rate<1%")
+        metric, stat, op, value = m.groups()
+        op = "<=" if op == "=" else op
+        if metric in _LATENCIES and stat is None:
+            if op not in ("<", "<="):
+                raise ConfigError(f"per-request limit {part.strip()!r} must be an upper bound")
+            per_request[f"{metric}_us"] = parse_us(value)
+        elif metric in _LATENCIES:
+            thresholds.append(Threshold(metric, stat, op, parse_us(value), part.strip()))
+        elif metric == "error_rate" and stat is None:
+            thresholds.append(Threshold(metric, None, op, _fraction(value), part.strip()))
+        elif metric in ("req_s", "output_tok_s", "goodput_req_s") and stat is None:
+            thresholds.append(Threshold(metric, None, op, _number(value), part.strip()))
+        else:
+            raise ConfigError(f"unknown --slo metric in {part.strip()!r}: latencies "
+                              f"{', '.join(_LATENCIES)} (optionally _p99 etc.), error_rate, "
+                              "req_s, output_tok_s, goodput_req_s")
+    return Slos(Slo(**per_request) if per_request else None, thresholds)
+
+
+def _fraction(text: str) -> float:
+    t = text.strip()
+    try:
+        return float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
+    except ValueError:
+        raise ConfigError(f"bad fraction {text!r}: use 0.001 or 0.1%") from None
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise ConfigError(f"bad number {text!r}") from None
+
+
+def _cancelling(cfg: RunConfig) -> Cancelling:
+    if cfg.cancel_rate == 0:
+        return Cancelling()
+    at = (cfg.cancel_at or "").strip()
+    if not at:
+        raise ConfigError("--cancel-rate needs --cancel-at: tokens (20) or seconds (1.5s)")
+    if at.endswith("s"):
+        return Cancelling(rate=cfg.cancel_rate, after_s=parse_us(at) / 1e6)
+    try:
+        return Cancelling(rate=cfg.cancel_rate, after_tokens=max(1, int(at)))
+    except ValueError:
+        raise ConfigError(f"bad --cancel-at {at!r}: tokens (20) or seconds (1.5s)") from None

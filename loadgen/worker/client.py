@@ -1,0 +1,160 @@
+"""The streaming client: one request, measured, classified, recorded.
+
+Requests go over `loadgen.worker.http_stream` connections, kept alive and reused;
+the body bytes are measured by `loadgen.worker.stream_measure`. Every way a request
+can go wrong ends as exactly one error kind in the interval's counters:
+connect, timeout, http_4xx, http_429, http_5xx, stream_broken,
+malformed_chunk, empty_response, cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from time import perf_counter, time_ns
+
+import msgspec
+
+from loadgen.worker.http_stream import Endpoint, Outcome, StreamConnection, open_connection
+from loadgen.worker.interval import IntervalRecorder
+from loadgen.worker.stream_measure import Slo, StreamMeasure
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+class StreamingClient:
+    """Sends prepared request bodies to one endpoint and records what comes back."""
+
+    def __init__(
+        self,
+        url: str,
+        rec: IntervalRecorder,
+        *,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        slo: Slo | None = None,
+        calibrate: bool = False,
+    ) -> None:
+        self.url = url
+        self.endpoint = Endpoint(url, api_key)
+        self.rec = rec
+        self.timeout = timeout
+        self.slo = slo
+        self.calibrate = calibrate  # compare with the exact-timing simulator's send stamps
+        self.in_flight = 0
+        self._idle: list[StreamConnection] = []
+
+    async def request(
+        self,
+        body: bytes,
+        prompt_words: int,
+        t_intended: float | None = None,
+        cancel_after_tokens: int | None = None,
+        cancel_after_s: float | None = None,
+    ) -> bool:
+        """One streamed request; never raises except CancelledError (counted first).
+
+        Returns False when the server could not be reached at all, so that a closed-loop
+        user backs off instead of spinning on refused connections."""
+        self.in_flight += 1
+        payload = self.endpoint.request_bytes(body)
+        conn: StreamConnection | None = None
+        limit = self.timeout if cancel_after_s is None else min(self.timeout, cancel_after_s)
+        try:
+            async with asyncio.timeout(limit):
+                for attempt in (0, 1):
+                    conn, reused = await self._connection()
+                    t0 = perf_counter()
+                    t0_ns = time_ns() if self.calibrate else None
+                    if t_intended is not None:
+                        self.rec.lag.append(max(0.0, (t0 - t_intended) * 1e6))
+                    measure = StreamMeasure(
+                        self.rec, t0, prompt_words, t_intended=t_intended, slo=self.slo,
+                        t0_wall_ns=t0_ns, cancel_after_tokens=cancel_after_tokens,
+                    )
+                    outcome = await conn.send(payload, measure)
+                    # a kept-alive connection the server had just closed: try once more, fresh
+                    if reused and attempt == 0 and _closed_before_answer(outcome, conn):
+                        continue
+                    break
+            self._classify(outcome, measure)
+            if not conn.closed:
+                self._idle.append(conn)
+        except asyncio.CancelledError:
+            if conn is not None:
+                conn.abort()
+            self.rec.error("cancelled", "request cancelled before it finished")
+            raise
+        except TimeoutError:
+            if conn is not None:
+                conn.abort()
+            if limit < self.timeout:
+                self.rec.error("cancelled", f"abandoned by the client after {limit:g} s")
+            else:
+                self.rec.error("timeout", f"no complete answer within {self.timeout:g} s")
+        except OSError as e:
+            self.rec.error("connect", f"cannot connect to {self.url}: {_reason(e)}")
+            return False
+        finally:
+            self.in_flight -= 1
+        return True
+
+    async def _connection(self) -> tuple[StreamConnection, bool]:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn, True
+        try:
+            return await open_connection(self.endpoint, CONNECT_TIMEOUT_S), False
+        except TimeoutError:
+            raise OSError(f"no connection within {CONNECT_TIMEOUT_S:g} s") from None
+
+    def _classify(self, out: Outcome, measure: StreamMeasure) -> None:
+        if out.kind == "recorded":
+            return
+        if out.kind is not None:
+            self.rec.error(out.kind, out.message)
+        elif out.status == 200:
+            measure.finish()
+        else:
+            self.rec.error(*http_error(out.status, out.headers, bytes(out.error_body)))
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.abort()
+        self._idle.clear()
+
+
+def _closed_before_answer(out: Outcome, conn: StreamConnection) -> bool:
+    return out.kind == "stream_broken" and not conn.got_bytes
+
+
+def http_error(status: int, headers: dict[bytes, bytes], body: bytes) -> tuple[str, str]:
+    """(kind, message) for a non-200 answer, in the server's own words where it gave any."""
+    detail = error_message(body.decode("utf-8", "replace"))
+    if status == 429:
+        after = headers.get(b"retry-after")
+        wait = f" (Retry-After {after.decode(errors='replace')} s)" if after else ""
+        return "http_429", f"HTTP 429 rate limited{wait}: {detail}"
+    kind = "http_4xx" if 400 <= status < 500 else "http_5xx"
+    return kind, f"HTTP {status}: {detail}"
+
+
+class _ErrorEnvelope(msgspec.Struct):
+    error: dict | str | None = None
+    message: str | None = None
+    detail: str | None = None
+
+
+def error_message(text: str) -> str:
+    """The message of an OpenAI-style error body, else the text itself (shortened)."""
+    try:
+        env = msgspec.json.decode(text, type=_ErrorEnvelope)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return text.strip()[:200] or "(empty body)"
+    if isinstance(env.error, dict) and env.error.get("message"):
+        return str(env.error["message"])[:200]
+    return str(env.error or env.message or env.detail or text)[:200]
+
+
+def _reason(e: OSError) -> str:
+    return (e.strerror or str(e) or type(e).__name__).lower()

@@ -1,0 +1,85 @@
+"""One tick's measurements inside a worker, handed over and cleared at each flush.
+
+Recording is an `array.append` (tens of nanoseconds): the per-token hot path
+never touches a histogram. At flush the raw values become sparse HDR counts in
+one vectorised pass, so memory is bounded by one tick of traffic.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import msgspec
+import numpy as np
+
+from loadgen.model import hdr
+from loadgen.model.snapshot import Counters
+
+
+class SparseHist(msgspec.Struct, array_like=True):
+    """Non-empty buckets of an interval histogram (HdrHistogram counts layout)."""
+
+    index: bytes  # int32 little-endian
+    count: bytes  # int64 little-endian
+
+    @classmethod
+    def of(cls, idx: np.ndarray, cnt: np.ndarray) -> SparseHist:
+        return cls(idx.astype("<i4").tobytes(), cnt.astype("<i8").tobytes())
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.frombuffer(self.index, "<i4"), np.frombuffer(self.count, "<i8")
+
+
+class IntervalRecorder:
+    __slots__ = (
+        "counters", "e2e", "e2e_co", "icl", "itl_err", "itl_v", "itl_w", "lag", "last_errors",
+        "tpot", "ttft", "ttft_co", "ttft_err",
+    )
+
+    def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        self.ttft = array("d")
+        self.e2e = array("d")
+        self.tpot = array("d")
+        self.icl = array("d")
+        self.itl_v = array("d")  # per-token gap, µs
+        self.itl_w = array("d")  # how many tokens shared that gap
+        self.lag = array("d")  # open loop: intended → actual send
+        self.ttft_co = array("d")  # open loop: from the intended send time
+        self.e2e_co = array("d")
+        self.ttft_err = array("d")  # calibration: |measured − true|
+        self.itl_err = array("d")
+        self.counters = Counters()
+        self.last_errors: dict[str, str] = {}
+
+    def error(self, kind: str, message: str) -> None:
+        c = self.counters
+        if kind == "cancelled":
+            c.requests_cancelled += 1  # abandoned on purpose: not a server failure
+        else:
+            c.requests_failed += 1
+        c.errors[kind] = c.errors.get(kind, 0) + 1
+        self.last_errors[kind] = message[:300]
+
+    def take(self) -> tuple[Counters, dict[str, SparseHist], dict[str, str]]:
+        """Everything recorded since the last take, as counters and sparse histograms."""
+        hists = {"itl": _sparse(self.itl_v, self.itl_w)} if self.itl_v else {}
+        for name in _PLAIN:
+            values = getattr(self, name)
+            if values:  # only what was measured: an empty metric costs nothing on the wire
+                hists[name] = _sparse(values)
+        counters, errors = self.counters, self.last_errors
+        self._clear()
+        return counters, hists, errors
+
+
+_PLAIN = ("ttft", "e2e", "tpot", "icl", "lag", "ttft_co", "e2e_co", "ttft_err", "itl_err")
+
+
+def _sparse(values: array, weights: array | None = None) -> SparseHist:
+    v = np.frombuffer(values, np.float64) if len(values) else np.empty(0)
+    w = np.frombuffer(weights, np.float64) if weights is not None and len(weights) else None
+    idx, cnt = hdr.sparse_counts(v, w)
+    return SparseHist.of(idx, cnt)

@@ -1,0 +1,213 @@
+"""A load worker process: its own event loop (uvloop where available), nothing else.
+
+Started by the coordinator as `python -m loadgen.worker.main`; commands arrive on
+stdin and reports leave on stdout (see `loadgen.worker.wire`). Nothing in this
+process draws or parses more than it must, so its timestamps are honest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import sys
+import time
+
+from loadgen.worker import eventloop, wire
+from loadgen.worker.client import StreamingClient
+from loadgen.worker.interval import IntervalRecorder
+from loadgen.worker.load import Arrivals, ClosedLoop, OpenLoop
+from loadgen.worker.workload import RequestFactory
+
+log = logging.getLogger("tokentop.worker")
+
+LAG_PROBE_S = 0.02
+
+
+class LagMeter:
+    """Event-loop lag: how late a short sleep wakes up. Worst value per report."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(LAG_PROBE_S)
+            lag = loop.time() - t - LAG_PROBE_S
+            if lag > self.worst:
+                self.worst = lag
+
+    def take_ms(self) -> float:
+        worst, self.worst = self.worst, 0.0
+        return worst * 1000.0
+
+
+class Worker:
+    def __init__(self, cfg: wire.Configure, api_key: str | None) -> None:
+        self.cfg = cfg
+        self.rec = IntervalRecorder()
+        self.lag = LagMeter()
+        self.factory = RequestFactory(cfg.workload, cfg.index)
+        self.rng = random.Random(cfg.workload.seed * 7919 + cfg.index)
+        self._cpu_mark = time.process_time()
+        self.sent = 0
+        url = cfg.base_url.rstrip("/") + cfg.workload.path
+        self.client = make_client(cfg, url, self.rec, api_key)
+        self.closed = ClosedLoop(self._send_one)
+        self.open = OpenLoop(self._send_at, Arrivals(0.0, seed=cfg.workload.seed + cfg.index),
+                             self._backlog_overflow)
+        self.spec = wire.LoadSpec()
+
+    async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.lag.start()
+        try:
+            await self._serve(reader, writer)
+        finally:
+            self.client.close()
+
+    # ---- sending ------------------------------------------------------------------------
+
+    async def _send_one(self) -> bool:
+        return await self._send_at(None)
+
+    async def _send_at(self, t_intended: float | None) -> bool:
+        """One request; False when the server could not be reached (the user backs off)."""
+        limit = self.cfg.max_requests
+        if limit is not None and self.sent >= limit:
+            # this worker's share of --requests is used up: stop asking for more
+            self.closed.set_target(0)
+            self.open.set(0.0, self.open.cap)
+            return True
+        self.sent += 1
+        body, words = self.factory.next()
+        c = self.cfg.cancelling
+        abandon = c.rate > 0 and self.rng.random() < c.rate
+        return await self.client.request(
+            body, words, t_intended,
+            cancel_after_tokens=c.after_tokens if abandon else None,
+            cancel_after_s=c.after_s if abandon else None,
+        )
+
+    def _backlog_overflow(self) -> None:
+        self.rec.error("client_backlog_full", "open-loop backlog full: dropped the oldest request")
+
+    def apply(self, spec: wire.LoadSpec) -> None:
+        """Move to the wanted load; switching mode winds the other loop down gently."""
+        self.spec = spec
+        if spec.mode == "closed":
+            self.open.set(0.0, spec.max_in_flight)
+            self.closed.set_target(spec.concurrency)
+        else:
+            self.closed.set_target(0)
+            arrivals = self.open.arrivals
+            if (arrivals.kind, arrivals.shape) != (spec.arrival, spec.shape):
+                arrivals.kind, arrivals.shape = spec.arrival, spec.shape
+            self.open.set(spec.rate, spec.max_in_flight)
+            self.open.start()
+
+    # ---- the pipe -----------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        finishing: asyncio.Task | None = None
+        while True:
+            raw = await wire.read_frame(reader)
+            if raw is None:
+                # the coordinator is gone (or done with us): stop at once, nobody is listening
+                await self._drain(0.0)
+                return
+            msg = wire.to_worker_decoder.decode(raw)
+            if isinstance(msg, wire.SetLoad):
+                self.apply(msg.spec)
+            elif isinstance(msg, wire.Pause):
+                self.closed.pause(msg.paused)
+                self.open.pause(msg.paused)
+            elif isinstance(msg, wire.Flush):
+                writer.write(wire.frame(self._report(msg.seq)))
+                await writer.drain()
+            elif isinstance(msg, wire.Stop) and finishing is None:
+                # drain in the background so that flushes keep answering while it runs
+                finishing = asyncio.create_task(self._finish(msg.grace, writer))
+
+    async def _drain(self, grace: float) -> None:
+        await asyncio.gather(self.closed.drain(grace), self.open.drain(grace))
+
+    async def _finish(self, grace: float, writer: asyncio.StreamWriter) -> None:
+        await self._drain(grace)
+        writer.write(wire.frame(self._report(-1)))
+        writer.write(wire.frame(wire.Stopped(self.cfg.index)))
+        await writer.drain()
+
+    def _report(self, seq: int) -> wire.Report:
+        counters, hists, errors = self.rec.take()
+        cpu = time.process_time()
+        cpu_s, self._cpu_mark = cpu - self._cpu_mark, cpu
+        return wire.Report(
+            index=self.cfg.index,
+            seq=seq,
+            in_flight=self.client.in_flight,
+            backlog=len(self.open.backlog),
+            counters=counters,
+            hists=hists,
+            last_errors=errors,
+            loop_lag_ms=self.lag.take_ms(),
+            cpu_s=cpu_s,
+        )
+
+
+def make_client(cfg: wire.Configure, url: str, rec: IntervalRecorder, api_key: str | None):
+    if cfg.client == "openai":
+        from loadgen.worker.openai_client import OpenAIClient
+
+        return OpenAIClient(url, rec, api_key=api_key, timeout=cfg.request_timeout, slo=cfg.slo)
+    return StreamingClient(
+        url, rec, api_key=api_key, timeout=cfg.request_timeout, slo=cfg.slo,
+        calibrate=cfg.calibrate,
+    )
+
+
+async def _stdio() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=2**24)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+    transport, protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    )
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    return reader, writer
+
+
+async def _main() -> int:
+    reader, writer = await _stdio()
+    raw = await wire.read_frame(reader)
+    if raw is None:
+        return 0
+    cfg = wire.to_worker_decoder.decode(raw)
+    if not isinstance(cfg, wire.Configure):
+        return 2
+    try:
+        await Worker(cfg, os.environ.get("TOKENTOP_API_KEY")).run(reader, writer)
+    except Exception as e:  # reported to the coordinator in words, then logged in full
+        log.exception("worker %d failed", cfg.index)
+        writer.write(wire.frame(wire.Failed(cfg.index, f"{type(e).__name__}: {e}")))
+        await writer.drain()
+        return 1
+    return 0
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="worker: %(message)s")
+    # Ctrl-C belongs to the coordinator, which drains the load in order
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return eventloop.run(_main)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""`--client openai`: the same load through the official openai SDK.
+
+Slower per chunk than the raw client (the SDK builds pydantic objects for
+every chunk), and that is the point: it shows what an SDK-based application
+experiences, and `tokentop calibrate` can set the two side by side. The
+measurements and error kinds are the same as the raw client's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from time import perf_counter
+
+import msgspec
+import openai
+
+from loadgen.worker.client import http_error
+from loadgen.worker.interval import IntervalRecorder
+from loadgen.worker.sse import Choice, Chunk, Delta, Usage
+from loadgen.worker.stream_measure import Slo, StreamMeasure
+
+# fields the SDK does not know; they travel in extra_body as the servers expect
+_EXTRA = ("ignore_eos",)
+
+
+class OpenAIClient:
+    def __init__(
+        self,
+        url: str,
+        rec: IntervalRecorder,
+        *,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        slo: Slo | None = None,
+    ) -> None:
+        self.chat = url.endswith("/chat/completions")
+        base = url.rsplit("/chat/completions" if self.chat else "/completions", 1)[0]
+        self.url = url
+        self.sdk = openai.AsyncOpenAI(
+            base_url=base, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
+        )
+        self.rec = rec
+        self.slo = slo
+        self.timeout = timeout
+        self.in_flight = 0
+
+    async def request(
+        self,
+        body: bytes,
+        prompt_words: int,
+        t_intended: float | None = None,
+        cancel_after_tokens: int | None = None,
+        cancel_after_s: float | None = None,
+    ) -> bool:
+        """As StreamingClient.request: False when the server could not be reached."""
+        params = msgspec.json.decode(body)
+        extra = {k: params.pop(k) for k in _EXTRA if k in params}
+        create = self.sdk.chat.completions.create if self.chat else self.sdk.completions.create
+        self.in_flight += 1
+        limit = self.timeout if cancel_after_s is None else min(self.timeout, cancel_after_s)
+        t0 = perf_counter()
+        if t_intended is not None:
+            self.rec.lag.append(max(0.0, (t0 - t_intended) * 1e6))
+        m = StreamMeasure(self.rec, t0, prompt_words, t_intended=t_intended, slo=self.slo,
+                          cancel_after_tokens=cancel_after_tokens)
+        try:
+            async with asyncio.timeout(limit):
+                stream = await create(**params, extra_body=extra or None)
+                try:
+                    async for chunk in stream:
+                        if not m.chunk(_as_chunk(chunk), perf_counter()):
+                            return  # abandoned by the client: already counted
+                finally:
+                    await stream.close()
+            m.done = True  # the SDK swallows [DONE]; a normal end of iteration means it came
+            m.finish()
+        except asyncio.CancelledError:
+            self.rec.error("cancelled", "request cancelled before it finished")
+            raise
+        except TimeoutError:
+            if limit < self.timeout:
+                self.rec.error("cancelled", f"abandoned by the client after {limit:g} s")
+            else:
+                self.rec.error("timeout", f"no complete answer within {self.timeout:g} s")
+        except openai.APIStatusError as e:
+            headers = {k.lower().encode(): v.encode() for k, v in e.response.headers.items()}
+            self.rec.error(*http_error(e.status_code, headers, e.response.content))
+        except openai.APITimeoutError:
+            self.rec.error("timeout", f"no complete answer within {self.timeout:g} s")
+        except openai.APIConnectionError as e:
+            kind = "stream_broken" if m.started else "connect"
+            self.rec.error(kind, f"{type(e).__name__}: {e.__cause__ or e}")
+            return m.started
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            self.rec.error("malformed_chunk", f"bad chunk: {e}")
+        except Exception as e:
+            # the SDK's transport raises its own exception types mid-stream (they change
+            # between releases); whatever it is, it is a counted error, never a dead worker
+            kind = "stream_broken" if m.started else "connect"
+            self.rec.error(kind, f"{type(e).__name__}: {e}")
+            return m.started
+        finally:
+            self.in_flight -= 1
+        return True
+
+    def close(self) -> None:
+        # the SDK's httpx client closes with the process; nothing is kept per request
+        pass
+
+
+def _as_chunk(sdk_chunk) -> Chunk:
+    """The SDK's chunk object as our Chunk (the fields the measurement needs)."""
+    choices = []
+    for c in sdk_chunk.choices or ():
+        delta = getattr(c, "delta", None)
+        d = None
+        if delta is not None:
+            extra = getattr(delta, "model_extra", None) or {}
+            d = Delta(content=delta.content, reasoning_content=extra.get("reasoning_content"),
+                      reasoning=extra.get("reasoning"))
+        choices.append(Choice(delta=d, text=getattr(c, "text", None),
+                              finish_reason=c.finish_reason))
+    u = sdk_chunk.usage
+    usage = None
+    if u is not None:
+        usage = Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens)
+    sent = (getattr(sdk_chunk, "model_extra", None) or {}).get("tokentop_sent_ns")
+    return Chunk(choices=choices, usage=usage, tokentop_sent_ns=sent)

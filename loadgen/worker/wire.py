@@ -1,0 +1,111 @@
+"""Messages between the coordinator and its worker processes, over stdin/stdout pipes.
+
+Each message is a 4-byte big-endian length and a msgpack body (tagged msgspec
+structs). A worker reads its commands from stdin and writes reports to stdout;
+stdin reaching EOF means the coordinator is gone, and the worker stops its
+load at once rather than hammer a server for nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import msgspec
+
+from loadgen.model.snapshot import Counters
+from loadgen.worker.interval import SparseHist
+from loadgen.worker.stream_measure import Slo
+from loadgen.worker.workload import Workload
+
+
+class LoadSpec(msgspec.Struct, kw_only=True):
+    """The load one worker (or, in the coordinator, the whole run) should apply now."""
+
+    mode: str = "closed"  # closed: `concurrency` streams | open: `rate` requests/s
+    concurrency: int = 0
+    rate: float = 0.0
+    arrival: str = "poisson"  # constant | poisson | gamma
+    shape: float = 1.0  # gamma shape (burstiness: < 1 burstier than Poisson)
+    max_in_flight: int | None = None  # open loop: cap on in-flight requests; the rest wait
+
+
+class Cancelling(msgspec.Struct, kw_only=True, frozen=True):
+    """Users who abandon streams: a fraction of requests, cut after N tokens or S seconds."""
+
+    rate: float = 0.0
+    after_tokens: int | None = None
+    after_s: float | None = None
+
+
+class Configure(msgspec.Struct, tag="configure", kw_only=True):
+    index: int
+    base_url: str
+    workload: Workload
+    request_timeout: float = 600.0
+    client: str = "raw"  # raw (httptools, the fast path) | openai (the official SDK)
+    slo: Slo | None = None
+    cancelling: Cancelling = Cancelling()
+    max_requests: int | None = None  # this worker's share of a request-count limit
+    calibrate: bool = False  # measure timing error against the exact-timing simulator
+
+
+class SetLoad(msgspec.Struct, tag="set_load"):
+    spec: LoadSpec
+
+
+class Pause(msgspec.Struct, tag="pause"):
+    paused: bool
+
+
+class Flush(msgspec.Struct, tag="flush"):
+    seq: int
+
+
+class Stop(msgspec.Struct, tag="stop"):
+    grace: float  # seconds in-flight requests may take to finish before they are cancelled
+
+
+class Report(msgspec.Struct, tag="report", kw_only=True):
+    index: int
+    seq: int
+    in_flight: int
+    backlog: int
+    counters: Counters
+    hists: dict[str, SparseHist]
+    last_errors: dict[str, str]
+    loop_lag_ms: float
+    cpu_s: float  # process CPU seconds since the previous report
+
+
+class Stopped(msgspec.Struct, tag="stopped"):
+    index: int
+
+
+class Failed(msgspec.Struct, tag="failed"):
+    index: int
+    message: str
+
+
+ToWorker = Configure | SetLoad | Pause | Flush | Stop
+FromWorker = Report | Stopped | Failed
+
+_HEADER = struct.Struct(">I")
+_encoder = msgspec.msgpack.Encoder()
+to_worker_decoder = msgspec.msgpack.Decoder(ToWorker)
+from_worker_decoder = msgspec.msgpack.Decoder(FromWorker)
+
+
+def frame(msg: msgspec.Struct) -> bytes:
+    body = _encoder.encode(msg)
+    return _HEADER.pack(len(body)) + body
+
+
+async def read_frame(reader: asyncio.StreamReader) -> bytes | None:
+    """The next message body, or None at a clean EOF."""
+    try:
+        head = await reader.readexactly(_HEADER.size)
+    except asyncio.IncompleteReadError:
+        return None
+    (n,) = _HEADER.unpack(head)
+    return await reader.readexactly(n)

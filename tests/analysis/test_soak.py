@@ -1,0 +1,170 @@
+"""Soak analysis: outages and MTTR (synthetic and from a real simulator outage), drift,
+long tail, and --slo thresholds with the headless exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import aiohttp
+import msgspec
+import numpy as np
+import pytest
+
+from loadgen.analysis.soak import analyze
+from loadgen.model import hdr
+from loadgen.model.snapshot import (
+    Counters,
+    LoadState,
+    ProcessSample,
+    ServerMetrics,
+    Snapshot,
+    Target,
+)
+from loadgen.record.rundir import iter_snapshots
+from loadgen.run.config import RunConfig, parse_slos
+
+T0 = 1_700_000_000.0
+
+
+def blob(values_us) -> str:
+    idx, cnt = hdr.sparse_counts(np.array(values_us, dtype=float))
+    return hdr.encode(hdr.dense_from_sparse([(idx, cnt)]))
+
+
+def series(ticks: list[dict], tick: float = 1.0) -> list[Snapshot]:
+    """Snapshots from per-tick dicts: ok, failed (kind connect), srv_ok, ttft list, rss_mb."""
+    c = Counters()
+    out = []
+    for i, d in enumerate(ticks):
+        c = msgspec.structs.replace(c, errors=dict(c.errors))
+        c.requests_ok += d.get("ok", 0)
+        c.requests_failed += d.get("failed", 0)
+        c.output_tokens += 10 * d.get("ok", 0)
+        if d.get("failed"):
+            c.errors["connect"] = c.errors.get("connect", 0) + d["failed"]
+        hist = {"ttft": blob(d["ttft"])} if d.get("ttft") else {}
+        out.append(Snapshot(
+            run_id="r", seq=i, t=T0 + (i + 1) * tick, elapsed=(i + 1) * tick, interval=tick,
+            target=Target(url="u", model="m"), load=LoadState(state="running"), counters=c,
+            hist=hist, server=ServerMetrics(url="m", ok=d.get("srv_ok", True),
+                                            error=None if d.get("srv_ok", True) else "refused"),
+            process=ProcessSample(pid=1, rss_bytes=int(d.get("rss_mb", 100) * 1e6)),
+        ))
+    return out
+
+
+def test_outages_mttr_and_success_rates():
+    ok = {"ok": 5, "ttft": [10_000] * 5}
+    down = {"failed": 3, "srv_ok": False}
+    quiet = {"srv_ok": False}  # nothing completed: does not end the outage
+    ticks = [ok] * 5 + [down, quiet, down] + [ok] * 5 + [down] * 2 + [ok] * 3 + [down]
+    r = analyze(series(ticks))
+    client = [o for o in r["outages"] if o["kind"] == "client"]
+    server = [o for o in r["outages"] if o["kind"] == "server"]
+    assert [(o["start"] - T0, o["duration_s"], o["ongoing"]) for o in client] == [
+        (5.0, 3.0, False), (13.0, 2.0, False), (18.0, 1.0, True)]
+    assert client[0]["failed"] == 6 and client[0]["errors"] == {"connect": 6}
+    assert len(server) == 3 and server[0]["reason"] == "refused"
+    assert r["mttr_s"]["client"] == pytest.approx(2.5)  # closed ones only
+    assert r["success_rate"] == pytest.approx(65 / (65 + 15))
+    assert r["success_rate_during_outages"] == 0.0
+
+
+def test_server_that_never_answers_metrics_is_not_an_outage():
+    r = analyze(series([{"ok": 1, "srv_ok": False, "ttft": [1000]}] * 5))
+    assert r["outages"] == [] and r["server_metrics_never_answered"] == "refused"
+
+
+def test_drift_slopes_and_long_tail():
+    ticks = []
+    for i in range(120):
+        ttft = [10_000] * 50 + ([900_000] if i == 70 else [])
+        if i >= 60:
+            ttft = [20_000] * 50 + ttft[50:]
+        ticks.append({"ok": 5, "ttft": ttft, "rss_mb": 100 + i * 0.5})
+    r = analyze(series(ticks), bucket_s=60.0)
+    b = r["drift"]["buckets"]
+    assert len(b) == 2 and b[1]["vs_first"]["ttft_p99"] == pytest.approx(2.0, rel=0.01)
+    # 0.5 MB per 1 s tick = 1800 MB/h
+    assert r["drift"]["server_rss"]["slope_mb_h"] == pytest.approx(1800.0, rel=1e-3)
+    tail = r["long_tail"]["intervals"]
+    assert [(t["seq"], t["metric"]) for t in tail] == [(70, "ttft")]
+    assert tail[0]["max_ms"] == pytest.approx(900.0, rel=1e-3)
+    assert r["long_tail"]["counts"]["ttft"] == 1
+
+
+def test_thresholds_pass_and_fail_on_the_whole_run():
+    ticks = [{"ok": 99, "failed": 1, "ttft": [100_000] * 98 + [900_000] * 2}] * 10
+    slos = parse_slos("ttft_p99<500ms,ttft_p50<200ms,error_rate<0.1%,req_s>50")
+    r = analyze(series(ticks), slos=slos)
+    verdict = {t["text"]: t["passed"] for t in r["thresholds"]}
+    assert verdict == {"ttft_p99<500ms": False, "ttft_p50<200ms": True,
+                       "error_rate<0.1%": False, "req_s>50": True}
+    assert r["thresholds_passed"] is False
+
+
+def _headless(cfg: RunConfig, tmp_path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "xdg"))
+    return subprocess.run(
+        [sys.executable, "-m", "loadgen.run.headless", msgspec.json.encode(cfg).decode(),
+         "--json", str(tmp_path / f"{cfg.slo and cfg.slo[:4]}-{id(cfg)}.json")],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+
+
+async def test_slo_exit_codes_and_default_run_dir(sim, tmp_path):
+    base = dict(url=sim.url, concurrency=2, workers=1, tick=0.25, duration=1.5,
+                output_tokens="8", input_tokens="8", drain_grace=1.0)
+    good = RunConfig(**base, slo="ttft_p99<30s,error_rate<1%")
+    bad = RunConfig(**base, slo="ttft_p99<1us,itl_p99<30s")
+    ok, fail = await asyncio.gather(asyncio.to_thread(_headless, good, tmp_path),
+                                    asyncio.to_thread(_headless, bad, tmp_path))
+    assert ok.returncode == 0, ok.stderr
+    assert fail.returncode == 3, fail.stderr
+    assert "threshold failed: ttft_p99<1us: measured" in fail.stderr
+    # recorded by default under $XDG_DATA_HOME, and the run dir is said at the start
+    runs = sorted((tmp_path / "xdg" / "tokentop" / "runs").iterdir())
+    assert len(runs) == 2
+    assert any(f"recording to {d}" in ok.stderr for d in runs)
+    manifests = [json.loads((d / "manifest.json").read_text()) for d in runs]
+    codes = sorted(m["summary"]["exit"]["code"] for m in manifests)
+    assert codes == [0, 3]
+    for m in manifests:
+        th = m["summary"]["thresholds"]
+        assert {t["text"] for t in th} & {"ttft_p99<30s", "ttft_p99<1us"}
+
+
+async def test_outage_and_mttr_from_a_real_simulator_outage(sim, tmp_path):
+    out = tmp_path / "run"
+    cfg = RunConfig(url=sim.url, concurrency=3, workers=1, tick=0.25, duration=7.0,
+                    output_tokens="8", input_tokens="8", drain_grace=1.0, out=str(out),
+                    request_timeout=5.0)
+    env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "xdg"))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadgen.run.headless", msgspec.json.encode(cfg).decode(),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env)
+    root = sim.url.removesuffix("/v1")
+    for _ in range(200):
+        if (out / "snapshots.jsonl").exists() and \
+                (out / "snapshots.jsonl").read_bytes().count(b"\n") >= 8:
+            break
+        await asyncio.sleep(0.05)
+    async with aiohttp.ClientSession() as s, \
+            s.post(f"{root}/sim/faults", json={"outage_s": 2.0}) as resp:
+        assert resp.status == 200, await resp.text()
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    r = analyze(iter_snapshots(out))
+    client = [o for o in r["outages"] if o["kind"] == "client"]
+    server = [o for o in r["outages"] if o["kind"] == "server"]
+    assert len(client) == 1, r["outages"]
+    assert 1.0 <= client[0]["duration_s"] <= 3.5
+    assert client[0]["errors"].get("connect", 0) > 0
+    assert len(server) == 1 and 0.5 <= server[0]["duration_s"] <= 4.0
+    assert r["mttr_s"]["client"] == pytest.approx(client[0]["duration_s"], abs=1e-3)
+    assert 0 < r["success_rate"] < 1
+    assert r["success_rate_during_outages"] < r["success_rate"]

@@ -1,0 +1,71 @@
+"""`tokentop sweep` against simulator settings whose knee and goodput are known."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from loadgen.analysis.sweep import (
+    StepResult,
+    add_sweep_arguments,
+    find_knee,
+    run_sweep,
+    write_outputs,
+)
+from loadgen.run.config import RunConfig
+from loadgen.sim import SimConfig, start_sim
+
+SLOTS = 8
+TOKENS = 32
+
+
+def sweep_args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_sweep_arguments(p)
+    return p.parse_args(list(argv))
+
+
+@pytest.fixture
+async def slotted_sim():
+    cfg = SimConfig(slots=SLOTS)
+    sim = await start_sim(cfg, host="127.0.0.1", port=0)
+    yield sim
+    await sim.close()
+
+
+async def test_knee_at_the_slot_limit_and_goodput_as_the_model_says(slotted_sim, tmp_path):
+    cfg = RunConfig(url=slotted_sim.url, output_tokens=str(TOKENS), input_tokens="32",
+                    slo="ttft<200ms", workers=1, tick=0.25, drain_grace=2.0)
+    args = sweep_args("--steps", "2,4,8,16,32", "--step-seconds", "2.5", "--step-warmup", "1.5")
+    lines: list[str] = []
+    steps = await run_sweep(cfg, args, echo=lines.append)
+    assert [s.load for s in steps] == [2, 4, 8, 16, 32] or steps[-1].saturated
+    knee = find_knee(steps)
+    assert knee is not None and knee.load in (4, 8, 16)  # the slot limit, within one step
+    # the model: a full batch of 8 takes step = overhead + per-seq × 8 per token, so a
+    # request lasts about TOKENS steps; 8 slots finish 8 requests per request lifetime
+    m = slotted_sim.model.cfg
+    step_s = (m.step_overhead_ms + m.decode_ms_per_seq * SLOTS) / 1000
+    model_goodput = SLOTS / (TOKENS * step_s)
+    best = max(steps, key=lambda s: s.goodput_req_s or 0)
+    assert best.load == SLOTS  # past the slots TTFT is queueing (~a request long) > 200 ms
+    assert best.goodput_req_s == pytest.approx(model_goodput, rel=0.15)
+    over = [s for s in steps if s.load > SLOTS]
+    assert over and all((s.goodput_req_s or 0) < 0.2 * model_goodput for s in over)
+    write_outputs(tmp_path, cfg, steps, knee, best)
+    doc = json.loads((tmp_path / "sweep.json").read_text())
+    assert doc["knee"] == SLOTS and doc["max_goodput"]["load"] == SLOTS
+    assert (tmp_path / "sweep.png").stat().st_size > 10_000
+    assert (tmp_path / "sweep.csv").read_text().count("\n") == len(steps) + 1
+
+
+def test_knee_rule_on_made_up_curves():
+    def steps(points):
+        return [StepResult(load=x, output_tok_s=y) for x, y in points]
+
+    linear_then_flat = steps([(1, 100), (2, 200), (4, 400), (8, 800), (16, 820), (32, 830)])
+    assert find_knee(linear_then_flat).load == 8
+    still_scaling = steps([(1, 100), (2, 195), (4, 380)])
+    assert find_knee(still_scaling) is None
