@@ -3,18 +3,17 @@
 Two rounds about a second apart, so that rates (host network and disk, token
 rates) and the server's own latency quantiles exist; the second round is what
 is reported, in readable form or as JSON (`--json`). A probe that has nothing
-says why in words; the exit status is 0 then. A bad URL or an unreadable key
-file exits 2. Nothing here lets a traceback through.
+says why in words; the exit status is 0 then. A bad URL exits 2 (and so does an
+unreadable key file, read by the command line, tui/commands/probe.py). Nothing here
+lets a traceback through.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import sys
-from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
@@ -39,52 +38,39 @@ log = logging.getLogger(__name__)
 GAP_S = 1.0  # between the two rounds
 
 
-def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--url",
-        default=None,
-        help="the server's OpenAI base URL, e.g. http://127.0.0.1:8000/v1 "
-        "(without it: GPUs, host and a server process found by name)",
-    )
-    parser.add_argument(
-        "--metrics-url",
-        default=None,
-        help="where the server's Prometheus metrics are (default: /metrics at the URL's root)",
-    )
-    parser.add_argument("--server-pid", type=int, default=None, help="the server's process id")
-    parser.add_argument(
-        "--server-name",
-        default=None,
-        help="find the server's process by this name (default: the engines' usual names)",
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    parser.add_argument(
-        "--api-key-file",
-        type=Path,
-        default=None,
-        help="file holding a bearer token for /metrics (never printed)",
-    )
-
-
 class _UsageError(Exception):
     pass
 
 
-async def probe_main(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """Run every probe twice, print what they see; 0, or 2 for a bad URL / key file."""
+async def run_probe(
+    *,
+    url: str | None = None,
+    metrics_url: str | None = None,
+    server_pid: int | None = None,
+    server_name: str | None = None,
+    token: str | None = None,
+    as_json: bool = False,
+    out: TextIO | None = None,
+) -> int:
+    """Run every probe twice, print what they see; 0, or 2 for a bad URL.
+
+    `url` is the server's OpenAI base URL (None: GPUs, host and a server process found
+    by name); `metrics_url` defaults to /metrics at its root; `token` is a bearer token
+    for /metrics, never printed; `as_json` prints JSON instead of text.
+    """
     out = out if out is not None else sys.stdout
     try:
-        url, metrics_url, token = _check_args(args)
+        url, metrics_url = _check_urls(url, metrics_url)
     except _UsageError as exc:
         print(f"tokentop probe: {exc}", file=sys.stderr)
         return 2
     try:
-        report = await _collect(args, url, metrics_url, token)
+        report = await _collect(url, metrics_url, token, server_pid, server_name)
     except Exception as exc:  # a bug in a probe: say so in one line, no traceback
         log.debug("probe failed", exc_info=True)
         print(f"tokentop probe: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    if getattr(args, "json", False):
+    if as_json:
         out.write(json.dumps(msgspec.to_builtins(report), indent=2) + "\n")
     else:
         out.write(format_report(report))
@@ -92,9 +78,8 @@ async def probe_main(args: argparse.Namespace, out: TextIO | None = None) -> int
     return 0
 
 
-def _check_args(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
-    url = getattr(args, "url", None)
-    metrics_url = getattr(args, "metrics_url", None)
+def _check_urls(url: str | None, metrics_url: str | None) -> tuple[str | None, str | None]:
+    """Both URLs checked (a bad one is a _UsageError), and /metrics found from the URL."""
     for name, value in (("--url", url), ("--metrics-url", metrics_url)):
         if value is not None:
             _check_url(name, value)
@@ -102,14 +87,7 @@ def _check_args(args: argparse.Namespace) -> tuple[str | None, str | None, str |
         url = url.rstrip("/")
     if metrics_url is None and url is not None:
         metrics_url = metrics_url_for(url)
-    token = None
-    key_file = getattr(args, "api_key_file", None)
-    if key_file is not None:
-        try:
-            token = Path(key_file).read_text().strip() or None
-        except OSError as exc:
-            raise _UsageError(f"cannot read --api-key-file {key_file}: {exc.strerror}") from None
-    return url, metrics_url, token
+    return url, metrics_url
 
 
 def _check_url(option: str, url: str) -> None:
@@ -135,10 +113,9 @@ class ProbeReport(msgspec.Struct, kw_only=True):
 
 
 async def _collect(
-    args: argparse.Namespace, url: str | None, metrics_url: str | None, token: str | None
+    url: str | None, metrics_url: str | None, token: str | None, pid: int | None,
+    name: str | None,
 ) -> ProbeReport:
-    pid = getattr(args, "server_pid", None)
-    name = getattr(args, "server_name", None)
     port = local_port(url) if url is not None else None
     process: ProcessProbe | None
     process_message: str | None = None

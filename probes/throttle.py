@@ -26,6 +26,10 @@ _WORDS: dict[str, str] = {
     "Reliability": "reliability",
 }
 
+# reasons that hold clocks back on purpose or harmlessly: not a throttle worth an event
+BENIGN_REASONS = frozenset({"idle", "applications clocks setting", "display clocks setting",
+                            "sync boost"})
+
 _PREFIXES = ("nvmlClocksEventReason", "nvmlClocksThrottleReason")
 
 

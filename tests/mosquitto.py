@@ -24,9 +24,10 @@ from pathlib import Path
 
 import aiomqtt
 
-from loadgen.fleet.agent import run_agent
 from loadgen.fleet.link import BrokerSettings, parse_broker_url
-from loadgen.run.config import RunConfig
+from loadgen.run.config import PublishTo, RunConfig
+from loadgen.run.headless import run_headless
+from loadgen.run.secrets import Secrets
 
 ROOT = Path(__file__).resolve().parent.parent  # the project
 
@@ -139,14 +140,18 @@ def settings(url: str, password: str | None = None, keepalive: int = 5) -> Broke
 
 
 def start_agent(cfg: RunConfig, broker: BrokerSettings, name: str, *, fleet: str = "t",
-                tmp: Path | None = None, **kw) -> asyncio.Task:
-    """An agent as an asyncio task in this process (its load workers are processes)."""
+                tmp: Path | None = None, record: bool | None = None,
+                max_backoff: float = 1.0, **publish) -> asyncio.Task:
+    """An agent (a headless run that publishes) as an asyncio task in this process (its
+    load workers are processes); `publish` takes PublishTo's fields (remote_control, …)."""
     out = open(os.devnull, "w")  # noqa: SIM115 - the agent's progress lines are not checked here
     if tmp is not None:
         cfg.out = str(tmp / f"run-{name}")
-    kw.setdefault("record", tmp is not None)
-    kw.setdefault("max_backoff", 1.0)
-    task = asyncio.create_task(run_agent(cfg, broker, fleet=fleet, name=name, out=out, **kw))
+    cfg.publish = PublishTo(broker=broker.display, fleet=fleet, name=name,
+                            keepalive=broker.keepalive, max_backoff=max_backoff, **publish)
+    secrets = Secrets(mqtt_password=broker.password)
+    task = asyncio.create_task(run_headless(
+        cfg, secrets, record=tmp is not None if record is None else record, out=out))
     task.add_done_callback(lambda _t: out.close())
     return task
 

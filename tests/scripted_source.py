@@ -188,6 +188,7 @@ class ScriptedSource:
         start_error: str | None = None,
         description: str = f"scripted: {URL}",
     ) -> None:
+        self.kind = "live"  # a SnapshotSource says what it is (live, replay, fleet)
         self.snapshots_list = snapshots
         self.delay = delay
         self.hold = hold

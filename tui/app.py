@@ -29,13 +29,13 @@ from textual.containers import Grid
 from textual.screen import Screen
 from textual.widgets import Footer
 
+from loadgen.model.kinds import SourceKind
+from loadgen.model.slo import SloError, Slos, parse_slos
 from loadgen.model.snapshot import Control, Event, Snapshot, to_json
 from loadgen.model.source import SnapshotSource, SourceError
 from loadgen.model.windows import WINDOWS, SnapshotWindows
-from loadgen.run.config import ConfigError, Slos, parse_slos
 from themes import DEFAULT_THEME, MONO_THEME, THEME_NAMES, register_themes
 from tui.config import load_config, save_setting
-from tui.format import fmt_ms
 from tui.help_screen import HelpScreen
 from tui.history import SHOWN_METRICS, History
 from tui.screens import DETAIL_SCREENS, DetailScreen, InputModal
@@ -50,7 +50,6 @@ from tui.widgets import (
     ThroughputPanel,
     View,
 )
-from tui.widgets.gpu_panel import BENIGN_REASONS
 from tui.widgets.latency_panel import WINDOW_NAMES
 
 # the latency windows `w` cycles through
@@ -64,7 +63,6 @@ HANGUP_CLOSE_S = 3.0
 HANGUP_HARD_EXIT_S = 8.0
 # a second `q` within this many seconds stops the load and quits
 QUIT_CONFIRM_S = 10.0
-TPJ_WINDOW_S = 10.0
 
 # key, shown key, step: closed loop changes concurrency, open loop changes the rate (req/s)
 STEP_KEYS: tuple[tuple[str, str, int], ...] = (
@@ -184,16 +182,13 @@ class TokentopApp(App[None]):
         if slo:
             try:
                 self.slos = parse_slos(slo)
-            except ConfigError as e:
+            except SloError as e:
                 self._warnings.append(f"SLOs not shown: {e}")
         self.error: str | None = None
         self.ended = False  # the source's iterator finished (or failed)
         self.drawn_seq: int | None = None  # seq of the Snapshot on screen, for tests and debugging
         self.error_events: deque[Event] = deque(maxlen=12)
         self.saved: list[Path] = []
-        self._energy: deque[tuple[float, float, int]] = deque()
-        self._slo_failing: set[str] = set()
-        self._throttled: dict[int, frozenset[str]] = {}
         self._pending_events: list[Event] = []
         self._dirty = False
         self._quitting = False
@@ -259,19 +254,9 @@ class TokentopApp(App[None]):
             # a replay sought backwards: what the windows hold is from the future now
             self.windows = SnapshotWindows()
             self.history = History()
-            self._energy.clear()
         self.windows.add(snap)
-        bucket_done = self.history.add(snap, self.windows)
-        c = snap.counters
-        energy = [g.energy_j for g in snap.gpu.gpus if g.energy_j is not None and not g.lost]
-        if energy:
-            self._energy.append((snap.t, sum(energy), c.output_tokens))
-            while len(self._energy) > 2 and self._energy[1][0] <= snap.t - TPJ_WINDOW_S:
-                self._energy.popleft()
-        self._throttle_events(snap)
+        self.history.add(snap, self.windows)
         self._add_events(snap.events)
-        if bucket_done:
-            self._slo_events(snap, self.history.last_latency)
         self._dirty = True
 
     @property
@@ -296,46 +281,6 @@ class TokentopApp(App[None]):
         self.notify(message, title="source error", severity="error", timeout=10)
 
     # ---------------------------------------------------------- derived state
-
-    def _slo_events(self, snap: Snapshot, latency: dict) -> None:
-        """Whole-run latency thresholds checked on the 10 s window at each History bucket."""
-        if self.slos is None:
-            return
-        for th in self.slos.thresholds:
-            if th.stat is None:
-                continue
-            summary = latency.get(th.metric)
-            value = summary.get(th.stat) if summary else None
-            if value is None:
-                continue
-            failing = not th.passes(value)
-            if failing and th.text not in self._slo_failing:
-                self._slo_failing.add(th.text)
-                self._note("slo", f"SLO breach: {th.text} ({th.stat.upper()} {fmt_ms(value)}, "
-                           "last 10 s)", "warn", t=snap.t)
-            elif not failing and th.text in self._slo_failing:
-                self._slo_failing.discard(th.text)
-                self._note("slo", f"SLO met again: {th.text} ({fmt_ms(value)})", t=snap.t)
-
-    def _throttle_events(self, snap: Snapshot) -> None:
-        for g in snap.gpu.gpus:
-            if g.throttle_reasons is None:
-                continue
-            bad = frozenset(r for r in g.throttle_reasons if r not in BENIGN_REASONS)
-            before = self._throttled.get(g.index, frozenset())
-            if bad != before:
-                self._throttled[g.index] = bad
-                if bad:
-                    self._note("gpu", f"GPU {g.index} throttled: {', '.join(sorted(bad))}",
-                               "warn", t=snap.t)
-                elif before:
-                    self._note("gpu", f"GPU {g.index} clocks no longer held back", t=snap.t)
-
-    def tokens_per_joule(self) -> float | None:
-        if len(self._energy) < 2:
-            return None
-        (_, e0, n0), (_, e1, n1) = self._energy[0], self._energy[-1]
-        return (n1 - n0) / (e1 - e0) if e1 > e0 else None
 
     def window_dense(self, name: str) -> dict[str, np.ndarray]:
         """The summed histograms of a window (for the distribution screen)."""
@@ -365,18 +310,17 @@ class TokentopApp(App[None]):
             if snap is not None:
                 names = dict.fromkeys((*BASE_WINDOWS, self.window))
                 stats = {w: self.windows.stats(w, SHOWN_METRICS) for w in names}
-                tpj = self.tokens_per_joule()
                 view = View(
                     snap=snap, stats=stats, window=self.window, history=self.history,
                     slos=self.slos, outage=self.outage,
-                    derived={"tok_per_j": tpj} if tpj is not None else {},
                 )
             events = self.query_one(EventsPanel)
             if self._pending_events:
                 events.add(self._pending_events)
                 self._pending_events = []
             for header in screen.query(HeaderBar):
-                header.show(snap, description=self._description(), ended=self.ended,
+                header.show(snap, description=self._description(), source_kind=self.source_kind,
+                            ended=self.ended,
                             error=self.error, outage=self.outage)
             if isinstance(screen, DetailScreen):
                 screen.draw(self)
@@ -466,8 +410,12 @@ class TokentopApp(App[None]):
             await self._send(Control(op="seek_by", value=seconds, source="key"),
                              f"seek {seconds:+g} s")
 
+    @property
+    def source_kind(self) -> SourceKind:
+        return getattr(self.source, "kind", "live")
+
     def _is_replay(self) -> bool:
-        return self._description().startswith("replay")
+        return self.source_kind == "replay"
 
     async def action_auto_ramp(self) -> None:
         await self._send(Control(op="auto_ramp", source="key"),

@@ -21,9 +21,6 @@ connection, registry, windows) lives on across the switch.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import sys
 from typing import ClassVar
 
 from textual import work
@@ -31,7 +28,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Static
 
-from loadgen.fleet.link import BrokerError, add_broker_arguments, broker_from_args, check_level
+from loadgen.fleet.link import BrokerSettings
 from loadgen.fleet.monitor import FleetMonitor
 from loadgen.model.source import SourceError
 from themes import DEFAULT_THEME, register_themes
@@ -153,55 +150,24 @@ class FleetApp(App[str | None]):
                             severity="warning", timeout=6)
 
 
-# ---- command line ---------------------------------------------------------------------------
+# ---- running it ---------------------------------------------------------------------------
 
 
-def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
-    add_broker_arguments(p)
-    g = p.add_argument_group("console")
-    g.add_argument("--theme", help="tokentop-dark (default), tokentop-light, "
-                   "tokentop-high-contrast, tokentop-mono")
-    g.add_argument("--refresh", type=float, default=1.0, help="seconds between redraws")
-    g.add_argument("--stale-after", type=float, default=5.0,
-                   help="an online agent with no Snapshot for this long shows as stale")
-
-
-def fleet_main(args: argparse.Namespace) -> int:
-    """`tokentop fleet`: bad input is one line on stderr and exit code 2."""
-    try:
-        settings = broker_from_args(args)
-        fleet = check_level("fleet", args.fleet)
-    except BrokerError as e:
-        print(f"tokentop: {e}", file=sys.stderr)
-        return 2
-    return asyncio.run(_fleet(settings, fleet, args))
-
-
-async def _fleet(settings, fleet: str, args: argparse.Namespace) -> int:
+async def run_fleet(settings: BrokerSettings, fleet: str, *, refresh: float = 1.0,
+                    theme: str | None = None, stale_after: float = 5.0) -> int:
+    """The fleet table, and the full console for whichever agent (or the merged fleet) is
+    opened from it, one after the other on one FleetMonitor, until the table is quit."""
     from loadgen.fleet.merged import FleetMergedSource
     from tui.app import TokentopApp
 
-    monitor = FleetMonitor(settings, fleet, stale_after=args.stale_after)
+    monitor = FleetMonitor(settings, fleet, stale_after=stale_after)
     await monitor.start(wait=5.0)
     try:
         while True:
-            choice = await FleetApp(monitor, refresh=args.refresh, theme=args.theme).run_async()
+            choice = await FleetApp(monitor, refresh=refresh, theme=theme).run_async()
             if not choice:
                 return 0
             source = FleetMergedSource(monitor) if choice == FLEET_KEY else monitor.source(choice)
-            await TokentopApp(source, theme=args.theme).run_async()
+            await TokentopApp(source, theme=theme).run_async()
     finally:
         await monitor.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tokentop fleet", description="Watch a fleet of agents.")
-    add_fleet_arguments(p)
-    try:
-        return fleet_main(p.parse_args(argv))
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,6 +9,7 @@ from __future__ import annotations
 from textual.content import Content, Span
 
 NA = "n/a"
+MUTED = "$foreground-muted"  # the theme variable for labels and quiet text
 NO_SAMPLES = "–"  # a latency window with no samples: nothing measured, not unknown
 
 

@@ -22,6 +22,7 @@ from textual_plotext import PlotextPlot
 from loadgen.model import hdr
 from loadgen.model.snapshot import Event, GpuSample, Snapshot, to_json
 from tui.format import (
+    MUTED,
     NA,
     NO_SAMPLES,
     fmt_bytes,
@@ -40,7 +41,6 @@ from tui.widgets.latency_panel import ROWS, WINDOW_NAMES
 if TYPE_CHECKING:
     from tui.app import TokentopApp
 
-MUTED = "$foreground-muted"
 
 
 # ------------------------------------------------------------------------- input modal
@@ -298,7 +298,7 @@ class GpuScreen(DetailScreen):
             head += f"  [{MUTED}]driver[/] {literal(status.driver)}"
         if status.poll_ms is not None:
             head += f"  [{MUTED}]poll[/] {status.poll_ms:.1f} ms"
-        tpj = app.tokens_per_joule()
+        tpj = snap.efficiency.tokens_per_joule if snap.efficiency else None
         head += f"  [{MUTED}]tokens per joule[/] {NA if tpj is None else f'{tpj:.2f}'}"
         lines = [head]
         if status.message:

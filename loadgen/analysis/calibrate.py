@@ -13,7 +13,6 @@ names the highest load this machine drives with timing error p99 ≤ 1 ms.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass, field
 
@@ -21,9 +20,10 @@ import numpy as np
 
 from loadgen.model import hdr
 from loadgen.model.snapshot import Control, Snapshot
-from loadgen.run.config import RunConfig
+from loadgen.run.config import ConfigError, RunConfig
 from loadgen.run.coordinator import Coordinator
 from loadgen.run.preflight import TargetError
+from loadgen.sim.model import SimConfig
 
 ERROR_BUDGET_US = 1000.0  # the promise: p99 timing error within 1 ms
 
@@ -66,34 +66,42 @@ class Step:
                 and i["p99"] <= ERROR_BUDGET_US and self.errors == 0)
 
 
-def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", default="1,10,100,500,1000,2000",
-                   help="concurrent streams per step (default %(default)s)")
-    p.add_argument("--step-seconds", type=float, default=8.0, help="measured seconds per step")
-    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per step")
-    p.add_argument("--ttft-ms", type=float, default=50.0, help="the simulator's exact TTFT")
-    p.add_argument("--itl-ms", type=float, default=20.0, help="the simulator's exact gap")
-    p.add_argument("--output-tokens", type=int, default=64)
-    p.add_argument("--client", choices=("raw", "openai"), default="raw")
-    p.add_argument("--workers", type=int, default=0, help="load workers (default: cores - 1)")
+DEFAULT_STREAMS = (1, 10, 100, 500, 1000, 2000)
 
 
-def _steps(text: str) -> list[int]:
+@dataclass(frozen=True)
+class CalibratePlan:
+    """What one calibration does: the streams per step, how long each is held, and the
+    exact timing the simulator keeps. Built by the command line (parse_streams checks it)."""
+
+    steps: list[int] = field(default_factory=lambda: list(DEFAULT_STREAMS))  # streams per step
+    step_seconds: float = 8.0  # measured seconds per step
+    warmup: float = 2.0  # unmeasured seconds per step
+    ttft_ms: float = 50.0  # the simulator's exact TTFT
+    itl_ms: float = 20.0  # the simulator's exact gap
+    output_tokens: int = 64
+    client: str = "raw"  # raw | openai
+    workers: int = 0  # load workers (0: cores - 1)
+
+
+def parse_streams(text: str) -> list[int]:
+    """`--steps` as CalibratePlan.steps; ConfigError in words."""
     try:
         steps = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"tokentop calibrate: bad --steps {text!r}: e.g. 1,10,100") from None
+        raise ConfigError(f"bad --steps {text!r}: e.g. 1,10,100") from None
     if not steps or min(steps) < 1:
-        raise SystemExit("tokentop calibrate: --steps must be whole numbers ≥ 1")
+        raise ConfigError("--steps must be whole numbers ≥ 1")
     return steps
 
 
-async def calibrate_main(args: argparse.Namespace) -> int:
-    steps = _steps(args.steps)
+async def calibrate_main(plan: CalibratePlan) -> int:
+    """Run every step against an exact-timing simulator and print the verdict; 2 when the
+    simulator cannot start."""
     cfg = RunConfig(
-        concurrency=0, output_tokens=str(args.output_tokens), input_tokens="16",
-        client=args.client, workers=args.workers, tick=0.5, calibrate=True, drain_grace=2.0,
-        sim_args=["--exact-ttft-ms", f"{args.ttft_ms:g}", "--exact-itl-ms", f"{args.itl_ms:g}"],
+        concurrency=0, output_tokens=str(plan.output_tokens), input_tokens="16",
+        client=plan.client, workers=plan.workers, tick=0.5, calibrate=True, drain_grace=2.0,
+        sim_args=SimConfig(exact_ttft_ms=plan.ttft_ms, exact_itl_ms=plan.itl_ms),
     )
     coord = Coordinator(cfg)
     try:
@@ -101,12 +109,12 @@ async def calibrate_main(args: argparse.Namespace) -> int:
     except TargetError as e:
         print(f"tokentop calibrate: {e}", file=sys.stderr)
         return 2
-    print(_intro(args, coord.pool.n))
+    print(_intro(plan, coord.pool.n))
     print(HEADER)
     results: list[Step] = []
     snaps = coord.snapshots()
     try:
-        results = await _run_steps(coord, snaps, steps, args)
+        results = await _run_steps(coord, snaps, plan)
     finally:
         coord.request_stop("calibration done")
         async for _ in snaps:  # on to the last Snapshot, so every process exits cleanly
@@ -116,16 +124,16 @@ async def calibrate_main(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run_steps(coord: Coordinator, snaps, steps: list[int], args) -> list[Step]:
+async def _run_steps(coord: Coordinator, snaps, plan: CalibratePlan) -> list[Step]:
     results: list[Step] = []
-    for streams in steps:
+    for streams in plan.steps:
         await coord.control(Control(op="set_concurrency", value=streams, source="cli"))
         step = Step(streams)
         warm_until = measure_until = None
         async for snap in snaps:
             if warm_until is None:
-                warm_until = snap.elapsed + args.warmup
-                measure_until = warm_until + args.step_seconds
+                warm_until = snap.elapsed + plan.warmup
+                measure_until = warm_until + plan.step_seconds
             if snap.elapsed <= warm_until:
                 continue
             step.add(snap)
@@ -133,7 +141,7 @@ async def _run_steps(coord: Coordinator, snaps, steps: list[int], args) -> list[
             if snap.elapsed >= measure_until:
                 break
         results.append(step)
-        print(_row(step, args), flush=True)
+        print(_row(step, plan), flush=True)
     return results
 
 
@@ -143,9 +151,9 @@ HEADER = (
 )
 
 
-def _intended(streams: int, args) -> float:
-    n = args.output_tokens
-    per_request_s = (args.ttft_ms + (n - 1) * args.itl_ms) / 1000.0
+def _intended(streams: int, plan: CalibratePlan) -> float:
+    n = plan.output_tokens
+    per_request_s = (plan.ttft_ms + (n - 1) * plan.itl_ms) / 1000.0
     return streams * n / per_request_s
 
 
@@ -155,20 +163,20 @@ def _ms3(s: hdr.Summary) -> str:
     return "/".join(f"{s[k] / 1000:.3f}" for k in ("p50", "p99", "max"))
 
 
-def _row(step: Step, args) -> str:
+def _row(step: Step, plan: CalibratePlan) -> str:
     cpu = f"{step.us_per_chunk:.1f}" if step.us_per_chunk is not None else "–"
     flag = "" if step.within_budget() else "  ✗"
     return (
-        f"{step.streams:>7}  {step.chunks_s:>9.0f} {_intended(step.streams, args):>9.0f}  "
+        f"{step.streams:>7}  {step.chunks_s:>9.0f} {_intended(step.streams, plan):>9.0f}  "
         f"{cpu:>8}  {_ms3(hdr.summarize(step.ttft_err)):>25}  "
         f"{_ms3(hdr.summarize(step.itl_err)):>24}  {step.worst_lag_ms:>6.1f}ms{flag}"
     )
 
 
-def _intro(args, workers: int) -> str:
+def _intro(plan: CalibratePlan, workers: int) -> str:
     return (
-        f"tokentop calibrate: exact-timing simulator (TTFT {args.ttft_ms:g} ms, gap "
-        f"{args.itl_ms:g} ms, {args.output_tokens} tokens a request), {args.client} client, "
+        f"tokentop calibrate: exact-timing simulator (TTFT {plan.ttft_ms:g} ms, gap "
+        f"{plan.itl_ms:g} ms, {plan.output_tokens} tokens a request), {plan.client} client, "
         f"{workers} worker(s); error = measured − what the server's send stamps say"
     )
 

@@ -15,11 +15,11 @@ sweeps with format 1. Anything newer is refused with a message, not guessed at.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from loadgen.analysis.sweep import SWEEP_FORMAT, StepResult, plot_curve
 from loadgen.model.snapshot import SNAPSHOT_VERSION, SnapshotVersionError
@@ -247,39 +247,29 @@ def plot_runs(path: Path, items: list[Item]) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tokentop compare",
-                                description="Runs or sweeps side by side (the first is the "
-                                "baseline).")
-    p.add_argument("items", nargs="+", type=Path, metavar="RUN_OR_SWEEP")
-    p.add_argument("--png", type=Path, help="write the overlaid curves (or bars) here")
-    p.add_argument("--json", type=Path, help="write the comparison as JSON here")
-    args = p.parse_args(argv)
-    if len(args.items) < 2:
-        print("tokentop compare: give at least two runs or sweeps", file=sys.stderr)
-        return 2
-    try:
-        items = [load(path) for path in args.items]
-    except CompareError as e:
-        print(f"tokentop compare: {e}", file=sys.stderr)
-        return 2
+def compare(paths: list[Path], *, png: Path | None = None, json_path: Path | None = None,
+            out: TextIO = sys.stdout) -> None:
+    """Print the comparison of `paths` (the first is the baseline) and write the PNG and
+    JSON asked for. Raises CompareError with a message for the user when the items cannot
+    be compared at all (fewer than two, unreadable, runs mixed with sweeps)."""
+    if len(paths) < 2:
+        raise CompareError("give at least two runs or sweeps")
+    items = [load(path) for path in paths]
     kinds = {i.kind for i in items}
     if len(kinds) > 1:
-        print("tokentop compare: compare runs with runs and sweeps with sweeps", file=sys.stderr)
-        return 2
+        raise CompareError("compare runs with runs and sweeps with sweeps")
     for line in workload_flags(items):
-        print(line)
+        print(line, file=out)
     table = run_table(items) if "run" in kinds else sweep_table(items)
-    print("\n".join(table))
-    if args.png is not None:
+    print("\n".join(table), file=out)
+    if png is not None:
         if "sweep" in kinds:
-            plot_curve(args.png, [(i.name, i.steps) for i in items])
+            plot_curve(png, [(i.name, i.steps) for i in items])
         else:
-            plot_runs(args.png, items)
-        print(f"wrote {args.png}")
-    if args.json is not None:
-        args.json.write_text(json.dumps({
+            plot_runs(png, items)
+        print(f"wrote {png}", file=out)
+    if json_path is not None:
+        json_path.write_text(json.dumps({
             "items": [{"name": i.name, "kind": i.kind, "summary": i.summary,
                        "knee": i.knee, "max_goodput": i.max_goodput} for i in items],
             "flags": workload_flags(items)}, indent=2))
-    return 0

@@ -6,9 +6,10 @@ RSS; outage windows shaded red, recording gaps grey) into the run directory (or
 --out-dir). Works on a finished, crashed (torn last line) or still-running
 directory: it reports what is there now.
 
-    python -m loadgen.analysis.report DIR [--out-dir D] [--slo ttft_p99<500ms,...]
-                                 [--bucket 3600] [--tail-k 5] [--tail-ms ttft=2000,itl=200]
-                                 [--no-plots]
+    tokentop report DIR [--out-dir D] [--slo ttft_p99<500ms,...] [--bucket 3600]
+                        [--tail-k 5] [--tail-ms ttft=2000,itl=200] [--no-plots]
+
+(the command line is tui/commands/report.py; `write_report` is what it calls)
 
 Exit codes: 0 report written (thresholds passed or none); 3 a threshold failed;
 2 not a readable run directory.
@@ -16,7 +17,6 @@ Exit codes: 0 report written (thresholds passed or none); 3 a threshold failed;
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -25,15 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from loadgen.analysis.soak import SoakAnalyzer
-from loadgen.model.snapshot import SnapshotVersionError
+from loadgen.model.slo import parse_slos
 from loadgen.record.rundir import (
-    RunDirError,
     first_snapshot,
     iter_snapshots,
     last_snapshot,
     read_manifest,
 )
-from loadgen.run.config import ConfigError, parse_slos
 
 PLOTS = ("throughput", "latency", "queue", "gpu", "server_rss")
 
@@ -308,7 +306,7 @@ def plot(r: dict, analyzer: SoakAnalyzer, out_dir: Path) -> list[str]:
     return written
 
 
-# ---- the command ------------------------------------------------------------------------------
+# ---- the report -------------------------------------------------------------------------------
 
 
 def write_report(run_dir: Path | str, *, out_dir: Path | str | None = None,
@@ -333,41 +331,3 @@ def write_report(run_dir: Path | str, *, out_dir: Path | str | None = None,
     print(f"report: {target / 'report.md'}", file=out)
     code = 3 if r["thresholds_passed"] is False else 0
     return code, r
-
-
-def _tail_ms(text: str) -> dict[str, float]:
-    out = {}
-    for part in text.split(","):
-        metric, _, ms = part.partition("=")
-        out[metric.strip()] = float(ms) * 1e3
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tokentop report", description=__doc__.splitlines()[0])
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--out-dir", type=Path, help="where to write (default: the run directory)")
-    p.add_argument("--slo", help="thresholds to judge (default: the run's own --slo)")
-    p.add_argument("--bucket", type=float, help="drift bucket, seconds (default: 3600 for "
-                   "soaks, shorter for short runs)")
-    p.add_argument("--tail-k", type=float, default=5.0,
-                   help="long tail: k × the run's median per-tick P99 (default 5)")
-    p.add_argument("--tail-ms", help="long tail: absolute limits, e.g. ttft=2000,itl=200")
-    p.add_argument("--no-plots", action="store_true")
-    args = p.parse_args(argv)
-    try:
-        code, _ = write_report(
-            args.run_dir, out_dir=args.out_dir, slo=args.slo, plots=not args.no_plots,
-            bucket_s=args.bucket, tail_k=args.tail_k,
-            tail_abs_us=_tail_ms(args.tail_ms) if args.tail_ms else None)
-    except (RunDirError, ConfigError, SnapshotVersionError, ValueError) as e:
-        print(f"tokentop: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"tokentop: cannot write the report: {e.strerror or e}", file=sys.stderr)
-        return 2
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -40,11 +40,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from loadgen.model import hdr
+from loadgen.model.kinds import SERVER_ERRORS
+from loadgen.model.slo import Slos, evaluate_thresholds, rates_from
 from loadgen.model.snapshot import Counters, Snapshot
-from loadgen.run.config import Slos, Threshold
 
-HARD_ERRORS = ("connect", "timeout", "http_5xx", "stream_broken", "malformed_chunk",
-               "empty_response")
 RUN_METRICS = ("ttft", "itl", "tpot", "e2e")  # whole-run summaries and thresholds
 TICK_METRICS = ("ttft", "itl")  # per-tick percentiles: drift, long tail, plots
 TAIL_LIST_MAX = 50
@@ -155,52 +154,6 @@ def quick_stats(dense: np.ndarray) -> tuple[int, float, float, float, float]:
     return tuple(out)  # type: ignore[return-value]
 
 
-def measured_value(th: Threshold, latency: dict[str, dict], rates: dict) -> float | None:
-    """What a threshold compares: a latency statistic (µs) or a whole-run rate."""
-    if th.stat is not None:
-        return (latency.get(th.metric) or {}).get(th.stat)
-    return rates.get(th.metric)
-
-
-def evaluate_thresholds(thresholds: list[Threshold], latency: dict[str, dict],
-                        rates: dict) -> list[dict]:
-    """Per threshold: text, measured (in the threshold's unit), pass/fail."""
-    out = []
-    for th in thresholds:
-        measured = measured_value(th, latency, rates)
-        out.append({
-            "text": th.text, "metric": th.metric, "stat": th.stat, "op": th.op,
-            "limit": th.value, "measured": measured,
-            "unit": "us" if th.stat is not None else ("fraction" if th.metric == "error_rate"
-                                                      else "per_s"),
-            "passed": th.passes(measured),
-            "shown": _shown(th, measured),
-        })
-    return out
-
-
-def _shown(th: Threshold, measured: float | None) -> str:
-    if measured is None:
-        return f"{th.text}: no data (fails)"
-    if th.stat is not None:
-        m = f"{measured / 1e3:.1f}ms"
-    elif th.metric == "error_rate":
-        m = f"{measured * 100:.3g}%"
-    else:
-        m = f"{measured:.3g}/s"
-    return f"{th.text}: measured {m}"
-
-
-def rates_from(ok: int, failed: int, good: int, out_tok: int, seconds: float) -> dict:
-    n = ok + failed
-    return {
-        "error_rate": failed / n if n else None,
-        "req_s": ok / seconds if seconds > 0 else None,
-        "output_tok_s": out_tok / seconds if seconds > 0 else None,
-        "goodput_req_s": good / seconds if seconds > 0 else None,
-    }
-
-
 class SoakAnalyzer:
     def __init__(self, *, slos: Slos | None = None, bucket_s: float = 3600.0,
                  tail_k: float = 5.0, tail_abs_us: dict[str, float] | None = None,
@@ -247,15 +200,16 @@ class SoakAnalyzer:
         prev = self.last
         rel = snap.t - (self.start_time or snap.t)
         tick_start = snap.t - snap.interval
-        resumed = any(e.kind == "run" and e.message.startswith("resumed run")
-                      for e in snap.events)
+        # the old spelling: runs resumed before the "resume" kind existed
+        resumed = any(e.kind == "resume" or (e.kind == "run" and e.message.startswith(
+            "resumed run")) for e in snap.events)
         if prev is not None and (resumed or tick_start - prev.t > max(self.gap_s,
                                                                        2 * prev.interval)):
             self._gap(prev, snap)
         c, pc = snap.counters, self._prev_counters
         ok = c.requests_ok - pc.requests_ok
         failed = c.requests_failed - pc.requests_failed
-        hard = sum(c.errors.get(k, 0) - pc.errors.get(k, 0) for k in HARD_ERRORS)
+        hard = sum(c.errors.get(k, 0) - pc.errors.get(k, 0) for k in SERVER_ERRORS)
         errors = {k: v - pc.errors.get(k, 0) for k, v in c.errors.items()
                   if v - pc.errors.get(k, 0) > 0}
         out_tok = c.output_tokens - pc.output_tokens

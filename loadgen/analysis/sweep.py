@@ -17,7 +17,6 @@ error rate passes `--max-error-rate`.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import csv
 import sys
@@ -177,24 +176,27 @@ def best_goodput(steps: list[StepResult]) -> StepResult | None:
     return best if (best.goodput_req_s or 0.0) > 0 else None
 
 
-# ---- the command ---------------------------------------------------------------------------
+# ---- the sweep -----------------------------------------------------------------------------
 
 
-def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sweep")
-    g.add_argument("--steps", dest="sweep_steps", default="1,2,4,8,16,32,64",
-                   help="loads to hold, comma-separated, or 'auto' (doubling until the knee "
-                   "or saturation); streams in closed loop, req/s with --mode open")
-    g.add_argument("--step-seconds", type=float, default=20.0, help="measured seconds per step")
-    g.add_argument("--step-warmup", type=float, default=5.0, help="unmeasured seconds per step")
-    g.add_argument("--knee-fraction", type=float, default=0.5,
-                   help="knee: marginal throughput below this fraction of the initial")
-    g.add_argument("--max-error-rate", type=float, default=0.05,
-                   help="stop the sweep after a step with more errors than this")
-    g.add_argument("--sweep-out", type=Path, help="write sweep.json, sweep.csv, sweep.png here")
+DEFAULT_STEPS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """How a sweep walks the load: the steps and how long each is held, when to stop early,
+    and where the results go. Built (and checked, parse_steps) by the command line."""
+
+    steps: list[float] | None = field(default_factory=lambda: list(DEFAULT_STEPS))  # None: auto
+    step_seconds: float = 20.0  # measured seconds per step
+    step_warmup: float = 5.0  # unmeasured seconds per step
+    knee_fraction: float = 0.5  # knee: marginal throughput below this fraction of the initial
+    max_error_rate: float = 0.05  # stop after a step with more errors than this
+    out: Path | None = None  # write sweep.json, sweep.csv, sweep.png here
 
 
 def parse_steps(text: str) -> list[float] | None:
+    """`--steps` as SweepPlan.steps (None for auto); ConfigError in words, before any load."""
     if text.strip() == "auto":
         return None
     try:
@@ -206,16 +208,15 @@ def parse_steps(text: str) -> list[float] | None:
     return steps
 
 
-async def run_sweep(cfg: RunConfig, args: argparse.Namespace, api_key: str | None = None,
+async def run_sweep(cfg: RunConfig, plan: SweepPlan, api_key: str | None = None,
                     echo=print) -> list[StepResult]:
     """Hold each step in turn; raises ConfigError / TargetError before any load."""
-    steps = parse_steps(args.sweep_steps)
     coord = Coordinator(msgspec.structs.replace(cfg, concurrency=0, rate=0.0), api_key)
     await coord.start()
     snaps = coord.snapshots()
     echo(HEADER)
     try:
-        return await _run(coord, snaps, cfg, args, steps, echo)
+        return await _run(coord, snaps, cfg, plan, echo)
     finally:
         coord.request_stop("sweep done")
         async for _ in snaps:
@@ -223,26 +224,26 @@ async def run_sweep(cfg: RunConfig, args: argparse.Namespace, api_key: str | Non
         await coord.close()
 
 
-async def sweep_main(cfg: RunConfig, args: argparse.Namespace, api_key: str | None) -> int:
+async def sweep_main(cfg: RunConfig, plan: SweepPlan, api_key: str | None) -> int:
     try:
-        results = await run_sweep(cfg, args, api_key, echo=lambda s: print(s, flush=True))
+        results = await run_sweep(cfg, plan, api_key, echo=lambda s: print(s, flush=True))
     except (ConfigError, TargetError) as e:
         print(f"tokentop sweep: {e}", file=sys.stderr)
         return 2
-    knee = find_knee(results, args.knee_fraction)
+    knee = find_knee(results, plan.knee_fraction)
     best = best_goodput(results)
     unit = "streams" if cfg.mode == "closed" else "req/s"
     for line in headline(knee, best, unit, cfg.slo):
         print(line)
     print(terminal_curve(results))
-    if args.sweep_out is not None:
-        write_outputs(args.sweep_out, cfg, results, knee, best)
-        print(f"wrote {args.sweep_out}/sweep.json, sweep.csv, sweep.png")
+    if plan.out is not None:
+        write_outputs(plan.out, cfg, results, knee, best)
+        print(f"wrote {plan.out}/sweep.json, sweep.csv, sweep.png")
     return 0 if results else 1
 
 
-async def _run(coord, snaps, cfg: RunConfig, args, steps: list[float] | None,
-               echo) -> list[StepResult]:
+async def _run(coord, snaps, cfg: RunConfig, plan: SweepPlan, echo) -> list[StepResult]:
+    steps = plan.steps
     results: list[StepResult] = []
     op = "set_concurrency" if cfg.mode == "closed" else "set_rate"
     load = 1.0
@@ -253,36 +254,36 @@ async def _run(coord, snaps, cfg: RunConfig, args, steps: list[float] | None,
                 break
             load = steps[i]
         await coord.control(Control(op=op, value=load, source="cli"))
-        result = await _hold(snaps, load, args, bool(coord.parsed.slo))
+        result = await _hold(snaps, load, plan, bool(coord.parsed.slo))
         results.append(result)
         echo(row(result))
         i += 1
-        if result.saturated or result.error_rate > args.max_error_rate:
+        if result.saturated or result.error_rate > plan.max_error_rate:
             echo(f"stopping early: {result.note}")
             break
         if steps is None:
-            if i >= AUTO_MAX_STEPS or find_knee(results, args.knee_fraction) is not None:
+            if i >= AUTO_MAX_STEPS or find_knee(results, plan.knee_fraction) is not None:
                 break
             load *= 2
     return results
 
 
-async def _hold(snaps, load: float, args, slo_given: bool) -> StepResult:
+async def _hold(snaps, load: float, plan: SweepPlan, slo_given: bool) -> StepResult:
     acc = _Accumulator()
     start = None
     async for snap in snaps:
         if start is None:
             start = snap.elapsed
-        if snap.elapsed - start < args.step_warmup:
+        if snap.elapsed - start < plan.step_warmup:
             continue
         acc.snaps.append(snap)
-        if snap.elapsed - start >= args.step_warmup + args.step_seconds:
+        if snap.elapsed - start >= plan.step_warmup + plan.step_seconds:
             break
         await asyncio.sleep(0)
     r = acc.result(load, slo_given)
     if r.saturated:
         r.note = "queue depth and TTFT rising steadily: the server is over-saturated"
-    elif r.error_rate > args.max_error_rate:
+    elif r.error_rate > plan.max_error_rate:
         r.note = f"error rate {r.error_rate:.1%} passed --max-error-rate"
     return r
 

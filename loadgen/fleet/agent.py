@@ -18,8 +18,6 @@ source "mqtt", so they show in the next Snapshot.
 
 from __future__ import annotations
 
-import argparse
-import logging
 import math
 import re
 import socket
@@ -30,7 +28,7 @@ from typing import TextIO
 
 import msgspec
 
-from loadgen.fleet.link import BrokerError, BrokerSettings, add_broker_arguments, broker_from_args
+from loadgen.fleet.link import BrokerError, BrokerSettings
 from loadgen.fleet.publisher import DEFAULT_BACKLOG, TelemetryPublisher
 from loadgen.model.snapshot import Control
 from loadgen.model.windows import SnapshotWindows
@@ -278,102 +276,3 @@ def _open_recording(cfg: RunConfig, run_id: str, record: bool, out: TextIO):
     if rec.run_dir is not None:
         print(f"tokentop: recording to {rec.run_dir}", file=out)
     return rec
-
-
-# ---- command line ---------------------------------------------------------------------------
-
-
-def _positive(kind):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-        return value
-
-    return parse
-
-
-def add_agent_arguments(p: argparse.ArgumentParser) -> None:
-    """Everything `tokentop agent` takes: the run's arguments (as `tokentop run`), the broker's,
-    and the agent's own."""
-    from tui.cli import add_run_arguments
-
-    add_run_arguments(p)
-    add_broker_arguments(p)
-    g = p.add_argument_group("agent")
-    g.add_argument("--name", default=None,
-                   help="this agent's name in the fleet (default: the host name)")
-    g.add_argument("--allow-remote-control", action="store_true",
-                   help="accept concurrency / rate / pause commands from the fleet console")
-    g.add_argument("--max-concurrency", type=_positive(int), default=DEFAULT_MAX_CONCURRENCY,
-                   help="remote control never sets more streams than this "
-                   f"(default {DEFAULT_MAX_CONCURRENCY})")
-    g.add_argument("--max-rate", type=_positive(float), default=DEFAULT_MAX_RATE,
-                   help=f"remote control never sets more req/s than this "
-                   f"(default {DEFAULT_MAX_RATE:g})")
-    g.add_argument("--mqtt-backlog", type=_positive(int), default=DEFAULT_BACKLOG,
-                   help="Snapshots held while the broker is unreachable (oldest dropped "
-                   f"first; default {DEFAULT_BACKLOG}, 10 min at 2 Hz)")
-    g.add_argument("--mqtt-max-backoff", type=_positive(float), default=30.0,
-                   help=argparse.SUPPRESS)
-    if "--json" not in p._option_string_actions:
-        g.add_argument("--json", type=Path, help="write the final summary here")
-    if "--no-record" not in p._option_string_actions:
-        g.add_argument("--no-record", dest="record", action="store_false",
-                       help="do not write a run directory")
-
-
-async def agent_main(args: argparse.Namespace) -> int:
-    """`tokentop agent`: bad input is one line on stderr and exit code 2."""
-    from loadgen.fleet.link import check_level
-    from tui.cli import api_key_from, run_config
-
-    _quiet_logging()
-    # the same arguments as `tokentop run`, read the same way (one line and exit 2 if bad)
-    cfg, key = run_config(args), api_key_from(args)
-    try:
-        settings = broker_from_args(args)
-        name = check_level("agent", args.name or default_name())
-        fleet = check_level("fleet", args.fleet)
-    except (ConfigError, BrokerError) as e:
-        print(f"tokentop: {e}", file=sys.stderr)
-        return 2
-    return await run_agent(
-        cfg, settings, fleet=fleet, name=name, api_key=key,
-        allow_remote_control=args.allow_remote_control,
-        max_concurrency=args.max_concurrency, max_rate=args.max_rate,
-        backlog=args.mqtt_backlog, record=getattr(args, "record", True),
-        json_path=getattr(args, "json", None), max_backoff=args.mqtt_max_backoff,
-    )
-
-
-def _quiet_logging() -> None:
-    """Warnings (broker lost, retrying) as one line each on stderr; no library chatter."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("tokentop: %(message)s"))
-    for name in ("tokentop.mqtt", "tokentop.telemetry"):
-        lg = logging.getLogger(name)
-        lg.addHandler(handler)
-        lg.setLevel(logging.WARNING)
-        lg.propagate = False
-    logging.getLogger("tokentop.mqtt.paho").setLevel(logging.ERROR)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from loadgen.worker import eventloop
-
-    p = argparse.ArgumentParser(prog="tokentop agent",
-                                description="Headless load + probes, published over MQTT.")
-    add_agent_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        return eventloop.run(lambda: agent_main(args))
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,8 +2,9 @@
 
 `--broker mqtt://user@host:1883` (or `mqtts://…`, TLS, port 8883 by default)
 says where; the password never goes on the command line or in the URL (it
-would sit in shell history and `ps`): it comes from $TOKENTOP_MQTT_PASSWORD
-or `--mqtt-password-file`. `BrokerSettings` never shows it (repr, str,
+would sit in shell history and `ps`): the command line reads it from
+$TOKENTOP_MQTT_PASSWORD or `--mqtt-password-file` and hands it to
+`BrokerSettings.from_url`. `BrokerSettings` never shows it (repr, str,
 `display`), so it cannot reach a log line or a payload by accident.
 
 `MqttLink.run(session)` is the reconnect loop around `aiomqtt.Client`: connect,
@@ -16,18 +17,15 @@ because the broker is unreachable.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import random
 import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import aiomqtt
@@ -58,6 +56,36 @@ class BrokerSettings:
     cert_file: str | None = None
     key_file: str | None = None
     keepalive: int = DEFAULT_KEEPALIVE
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        password: str | None = None,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        keepalive: int = DEFAULT_KEEPALIVE,
+    ) -> BrokerSettings:
+        """Everything about one broker, checked now: a bad setting (or an unreadable CA or
+        certificate) is a BrokerError in words at start, not a retry loop later.
+
+        The password is given, never looked up here: where it comes from (a file, the
+        environment) is the caller's business, so this stays a plain function of values.
+        """
+        settings = parse_broker_url(url)
+        if password is not None and settings.username is None:
+            raise BrokerError("a broker password is set but no user: use mqtt://USER@host:port")
+        if (ca_file or cert_file) and not settings.tls:
+            raise BrokerError("--mqtt-ca-file / --mqtt-cert-file need an mqtts:// broker")
+        if not 1 <= keepalive <= 65535:
+            raise BrokerError("--mqtt-keepalive must be between 1 and 65535 seconds")
+        settings.password = password
+        settings.ca_file, settings.cert_file, settings.key_file = ca_file, cert_file, key_file
+        settings.keepalive = keepalive
+        settings.tls_context()
+        return settings
 
     @property
     def display(self) -> str:
@@ -117,58 +145,6 @@ def check_level(kind: str, name: str) -> str:
 def topic(fleet: str, agent: str, kind: str) -> str:
     """tokentop/<fleet>/<agent>/<kind>: snapshot | events | status | control | control/reply."""
     return f"{TOPIC_ROOT}/{fleet}/{agent}/{kind}"
-
-
-# ---- command line ------------------------------------------------------------------------
-
-
-def add_broker_arguments(p: argparse.ArgumentParser, *, required: bool = True,
-                         url_flag: str = "--broker") -> None:
-    g = p.add_argument_group("MQTT broker")
-    g.add_argument(url_flag, dest="broker", required=required, metavar="URL",
-                   help="mqtt://[user@]host[:1883] or mqtts://[user@]host[:8883] (TLS)")
-    g.add_argument("--fleet", default=DEFAULT_FLEET,
-                   help=f"fleet name, the topic level after tokentop/ (default {DEFAULT_FLEET})")
-    g.add_argument("--mqtt-password-file", type=Path,
-                   help=f"file holding the broker password (default: ${PASSWORD_ENV}); never on "
-                   "the command line")
-    g.add_argument("--mqtt-ca-file", help="CA certificate(s) to verify an mqtts:// broker "
-                   "(default: the system's)")
-    g.add_argument("--mqtt-cert-file", help="client certificate for mqtts:// (mutual TLS)")
-    g.add_argument("--mqtt-key-file", help="client key for --mqtt-cert-file")
-    g.add_argument("--mqtt-keepalive", type=int, default=DEFAULT_KEEPALIVE, metavar="S",
-                   help="MQTT keepalive seconds; the broker declares us gone (last will) after "
-                   f"1.5× this (default {DEFAULT_KEEPALIVE})")
-
-
-def broker_from_args(args: argparse.Namespace) -> BrokerSettings:
-    """BrokerSettings from parsed arguments, with the password from the file or environment."""
-    settings = parse_broker_url(args.broker)
-    settings.password = read_password(getattr(args, "mqtt_password_file", None))
-    if settings.password is not None and settings.username is None:
-        raise BrokerError("a broker password is set but no user: use mqtt://USER@host:port")
-    settings.ca_file = getattr(args, "mqtt_ca_file", None)
-    settings.cert_file = getattr(args, "mqtt_cert_file", None)
-    settings.key_file = getattr(args, "mqtt_key_file", None)
-    if (settings.ca_file or settings.cert_file) and not settings.tls:
-        raise BrokerError("--mqtt-ca-file / --mqtt-cert-file need an mqtts:// broker")
-    keepalive = getattr(args, "mqtt_keepalive", DEFAULT_KEEPALIVE)
-    if not 1 <= keepalive <= 65535:
-        raise BrokerError("--mqtt-keepalive must be between 1 and 65535 seconds")
-    settings.keepalive = keepalive
-    settings.tls_context()  # a bad CA or cert file is a clear error now, not a retry loop later
-    return settings
-
-
-def read_password(path: Path | None) -> str | None:
-    if path is not None:
-        try:
-            text = Path(path).read_text().rstrip("\r\n")
-        except OSError as e:
-            raise BrokerError(f"cannot read --mqtt-password-file {path}: "
-                              f"{e.strerror or e}") from None
-        return text or None
-    return os.environ.get(PASSWORD_ENV) or None
 
 
 # ---- the reconnect loop ---------------------------------------------------------------------

@@ -21,6 +21,7 @@ import msgspec
 
 from loadgen.fleet.monitor import AgentState, FleetMonitor
 from loadgen.model import hdr
+from loadgen.model.kinds import SourceKind
 from loadgen.model.snapshot import (
     Control,
     Counters,
@@ -78,6 +79,8 @@ def _minus(a: Counters, b: Counters) -> Counters:
 
 
 class FleetMergedSource:
+    kind: SourceKind = "fleet"
+
     def __init__(self, monitor: FleetMonitor, *, tick: float = TICK_S) -> None:
         self.monitor = monitor
         self.tick = tick

@@ -40,6 +40,7 @@ import numpy as np
 from loadgen.fleet.link import BrokerSettings, MqttLink, check_level, topic
 from loadgen.fleet.publisher import decode_snapshot
 from loadgen.model import hdr
+from loadgen.model.kinds import SourceKind
 from loadgen.model.snapshot import METRICS, Control, Snapshot
 from loadgen.model.source import SourceError
 
@@ -471,6 +472,8 @@ def _sum(values: Iterable[float | int | None]):
 
 class FleetAgentSource:
     """One agent's Snapshots from the broker, for the ordinary console."""
+
+    kind: SourceKind = "fleet"
 
     def __init__(self, monitor: FleetMonitor, agent: str, *, own_monitor: bool = False) -> None:
         self.monitor = monitor

@@ -23,27 +23,21 @@ from __future__ import annotations
 
 import msgspec
 
+from loadgen.model.kinds import (
+    ControlOp,
+    ControlSource,
+    EventKind,
+    Level,
+    LoadMode,
+    RunState,
+)
+
 SNAPSHOT_VERSION = 1
 
 # Latency metrics carried in `Snapshot.hist` (all in µs). See DESIGN.md for definitions.
 # lag, ttft_co and e2e_co exist in open loop only (intended send time); ttft_err and
 # itl_err in calibration only (|measured − true|). A metric with no samples is left out.
 METRICS = ("ttft", "itl", "tpot", "e2e", "icl", "lag", "ttft_co", "e2e_co", "ttft_err", "itl_err")
-
-# Error kinds the client classifies failures into.
-ERROR_KINDS = (
-    "connect",
-    "timeout",
-    "http_4xx",
-    "http_429",
-    "http_5xx",
-    "stream_broken",
-    "malformed_chunk",
-    "empty_response",
-    "cancelled",
-    "client_backlog_full",
-)
-
 
 class Target(msgspec.Struct, kw_only=True):
     url: str  # base URL of the OpenAI API, e.g. http://127.0.0.1:8000/v1
@@ -53,8 +47,8 @@ class Target(msgspec.Struct, kw_only=True):
 
 
 class LoadState(msgspec.Struct, kw_only=True):
-    mode: str = "closed"  # closed (N concurrent streams) | open (request rate)
-    state: str = "starting"  # starting | running | paused | draining | stopped
+    mode: LoadMode = "closed"  # closed (N concurrent streams) | open (request rate)
+    state: RunState = "starting"
     target_concurrency: int = 0
     target_rate: float | None = None  # open loop: requests/s
     arrival: str | None = None  # open loop: constant | poisson | gamma(k)
@@ -196,10 +190,16 @@ class ClientSample(msgspec.Struct, kw_only=True):
     loop_lag_ms: float | None = None  # worst event-loop lag of any worker this tick
 
 
+class Efficiency(msgspec.Struct, kw_only=True):
+    """What the run derived from GPU energy (loadgen.run.watch), recorded with the tick."""
+
+    tokens_per_joule: float | None = None  # output tokens per joule of GPU energy, last ~10 s
+
+
 class Event(msgspec.Struct, kw_only=True):
     t: float  # unix seconds
-    kind: str  # error | outage | recovery | operator | probe | gpu | slo | run
-    level: str = "info"  # info | warn | error
+    kind: EventKind
+    level: Level = "info"
     message: str
 
 
@@ -219,6 +219,7 @@ class Snapshot(msgspec.Struct, kw_only=True):
     host: HostSample | None = None
     process: ProcessSample | None = None
     client: ClientSample = msgspec.field(default_factory=ClientSample)
+    efficiency: Efficiency | None = None  # None: no energy counter (or not derived yet)
     events: list[Event] = msgspec.field(default_factory=list)
 
 
@@ -253,13 +254,7 @@ class Control(msgspec.Struct, kw_only=True):
         auto_ramp (climb while the SLOs hold) | pause | resume | stop | mark (note)
     """
 
-    op: str
+    op: ControlOp
     value: float | None = None
     note: str | None = None
-    source: str = "cli"  # who asked: key | cli | mqtt
-
-
-CONTROL_OPS = (
-    "set_concurrency", "add_concurrency", "set_rate", "add_rate", "set_mode", "auto_ramp",
-    "pause", "resume", "stop", "mark",
-)
+    source: ControlSource = "cli"  # who asked

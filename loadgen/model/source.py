@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from loadgen.model.kinds import SourceKind
 from loadgen.model.snapshot import Control, Snapshot
 
 
@@ -15,6 +16,8 @@ class SourceError(Exception):
 class SnapshotSource(Protocol):
     #: one line for the header, e.g. "live: http://127.0.0.1:8000/v1 (simulated)"
     description: str
+    #: live (a run we drive), replay (a run directory) or fleet (agents over MQTT)
+    kind: SourceKind
 
     async def start(self) -> None:
         """Start producing; raises SourceError with a user-facing message."""

@@ -103,7 +103,12 @@ class WindowStats:
 
 
 class SnapshotWindows:
-    """Feed Snapshots in; ask for WindowStats of any named window."""
+    """Feed Snapshots in; ask for WindowStats of any named window.
+
+    Warm-up is excluded here, once for every consumer (headless summary, agent, console,
+    replay): the Snapshot in which the warm-up ends, and all before it, are forgotten, so
+    results start at the first tick measured wholly after the warm-up.
+    """
 
     def __init__(self) -> None:
         self._rolling = {
@@ -129,7 +134,10 @@ class SnapshotWindows:
         self._counters.append(point)
         while self._counters and self._counters[0][0] < snap.t - 600.0 - 10.0:
             self._counters.popleft()
+        warmup_over = self.last is not None and self.last.load.warmup and not snap.load.warmup
         self.last = snap
+        if warmup_over:
+            self.reset()
 
     def reset(self) -> None:
         """Forget everything so far (the `r` key): windows restart from now."""

@@ -42,7 +42,6 @@ from loadgen.record.rundir import (
     scrub,
     write_json_atomic,
 )
-from loadgen.run.config import ConfigError, RunConfig
 
 ROTATE_BYTES = 256 * 1024 * 1024  # snapshot part size that starts a new part
 ROTATE_S = 3600.0  # … or its age
@@ -160,9 +159,10 @@ class Recorder:
     # ---- create / resume -----------------------------------------------------------------
 
     @classmethod
-    def create(cls, out_dir: Path | str | None, cfg: RunConfig, *, run_id: str,
+    def create(cls, out_dir: Path | str | None, config: dict, *, run_id: str,
                **kw) -> Recorder:
-        """A new run directory (default: under $XDG_DATA_HOME/tokentop/runs)."""
+        """A new run directory (default: under $XDG_DATA_HOME/tokentop/runs); `config` is the
+        run's configuration as plain data (secrets are scrubbed again here all the same)."""
         run_dir = Path(out_dir) if out_dir else default_run_dir(run_id)
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -181,7 +181,7 @@ class Recorder:
             "created": time.time(),
             "start_time": None,
             "end_time": None,
-            "config": scrub(msgspec.to_builtins(cfg)),
+            "config": scrub(config),
             "target": None,
             "engine": None,
             "host": host_info(),
@@ -360,54 +360,6 @@ class Recorder:
         self._streams = {}
 
 
-def resumed(given: RunConfig):
-    """`--resume DIR`: the recorded config and where to pick up, with what the new command
-    line may change (`--on-disk-full`, and `--duration` meaning "this much more load")."""
-    cfg, resume = read_resume(given.resume)
-    cfg.on_disk_full = given.on_disk_full
-    if given.duration is not None:
-        cfg.duration = given.duration
-    return cfg, resume
-
-
-def read_resume(run_dir: Path | str):
-    """(RunConfig, ResumeFrom) to continue the run in `run_dir` (`tokentop run --resume`).
-
-    The config is the recorded one; what is left of a `duration` is what the resumed
-    run still has to do, and there is no second warm-up. Raises ConfigError in words.
-    """
-    from loadgen.record.rundir import RunDirError
-    from loadgen.run.coordinator import ResumeFrom
-
-    run_dir = Path(run_dir)
-    try:
-        manifest = read_manifest(run_dir)
-    except RunDirError as e:
-        raise ConfigError(f"cannot resume: {e}") from None
-    last = last_snapshot(run_dir)
-    if last is None:
-        raise ConfigError(f"cannot resume {run_dir}: it holds no complete snapshot")
-    config = dict(manifest.get("config") or {})
-    config = {k: v for k, v in config.items()
-              if k in RunConfig.__struct_fields__ and v != "[removed]"}
-    try:
-        cfg = msgspec.convert(config, RunConfig)
-    except msgspec.ValidationError as e:
-        raise ConfigError(f"cannot resume {run_dir}: its config is not readable ({e})") from None
-    if cfg.duration is not None:
-        remaining = cfg.duration + cfg.warmup - last.elapsed
-        if remaining <= 0.5:
-            raise ConfigError(f"cannot resume {run_dir}: the run had already done its "
-                              f"--duration {cfg.duration:g} s")
-        cfg.duration = remaining
-    cfg.warmup = 0.0
-    cfg.resume = str(run_dir)
-    cfg.out = str(run_dir)
-    resume = ResumeFrom(run_id=last.run_id, seq=last.seq + 1, elapsed=last.elapsed,
-                        counters=last.counters)
-    return cfg, resume
-
-
 # ---- the usual policy, shared by the headless loop and the console's engine ------------------
 
 
@@ -422,7 +374,7 @@ class Recording:
     def __init__(self, recorder: Recorder | None, on_disk_full: str = "stop",
                  notice: str | None = None) -> None:
         if on_disk_full not in ON_DISK_FULL:
-            raise ConfigError(f"--on-disk-full must be stop or continue, not {on_disk_full!r}")
+            raise RecordingError(f"--on-disk-full must be stop or continue, not {on_disk_full!r}")
         self.recorder = recorder
         self.on_disk_full = on_disk_full
         self.stop_load = False
@@ -431,19 +383,21 @@ class Recording:
         self._first = True
 
     @classmethod
-    def open(cls, cfg: RunConfig, *, run_id: str, record: bool = True, **kw) -> Recording:
-        """Create (or resume, with cfg.resume) the run directory for `cfg`.
+    def open(cls, *, config: dict, run_id: str, out: str | None = None,
+             resume: str | None = None, on_disk_full: str = "stop", record: bool = True,
+             **kw) -> Recording:
+        """Create the run directory (`out`, or the default one), or continue `resume`.
 
         Raises RecordingError when that fails and the policy is "stop"; under
         "continue" the run goes on unrecorded, and the first Snapshot says so."""
-        policy = getattr(cfg, "on_disk_full", "stop") or "stop"
+        policy = on_disk_full or "stop"
         if not record:
             return cls(None, policy)
         try:
-            if getattr(cfg, "resume", None):
-                rec = Recorder.resume(cfg.resume, **kw)
+            if resume:
+                rec = Recorder.resume(resume, **kw)
             else:
-                rec = Recorder.create(getattr(cfg, "out", None), cfg, run_id=run_id, **kw)
+                rec = Recorder.create(out, config, run_id=run_id, **kw)
         except RecordingError as e:
             if policy == "stop":
                 raise

@@ -15,17 +15,17 @@ After a backward seek the Snapshots start again from earlier: `seq` goes down,
 which is how a consumer knows to reset its windows and charts. The first
 Snapshot after a seek carries an Event(kind="replay") that says where it is.
 
-    python -m loadgen.record.replay DIR [--speed 10] [--no-follow]   the console on a replay
+    tokentop replay DIR [--speed 10] [--no-follow]   the console on a replay (tui/commands)
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from loadgen.model.kinds import SourceKind
 from loadgen.model.snapshot import Control, Event, Snapshot
 from loadgen.model.source import SourceError
 from loadgen.record.rundir import RunDirError, RunReader, is_finished, parts, read_manifest
@@ -35,6 +35,8 @@ PREROLL_S = 60.0  # after a seek, this much before the target is sent at once (f
 
 
 class ReplaySource:
+    kind: SourceKind = "replay"
+
     def __init__(self, run_dir: Path | str, *, speed: float = 1.0, follow: bool | None = None,
                  poll_s: float = 0.25, warn=None) -> None:
         self.run_dir = Path(run_dir)
@@ -173,25 +175,3 @@ class ReplaySource:
     @staticmethod
     def _now_t(base_t: float, base_wall: float, speed: float) -> float:
         return base_t + (time.monotonic() - base_wall) * speed
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="tokentop replay")
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--speed", type=float, default=1.0)
-    p.add_argument("--no-follow", action="store_true",
-                   help="do not wait for more Snapshots at the end of a running run")
-    args = p.parse_args(argv)
-    from tui.app import TokentopApp
-
-    source = ReplaySource(args.run_dir, speed=args.speed,
-                          follow=False if args.no_follow else None)
-    app = TokentopApp(source)
-    app.run()
-    return app.return_code or 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

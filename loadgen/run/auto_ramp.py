@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from loadgen.model import hdr
+from loadgen.model.slo import Slos, Threshold
 from loadgen.model.snapshot import Counters
-from loadgen.run.config import Slos, Threshold
 
 GOOD_FRACTION = 0.9
 MAX_ERROR_RATE = 0.05

@@ -10,14 +10,14 @@ key travels in the environment.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
 import msgspec
 
+from loadgen.model.slo import Slo, SloError, Slos, parse_slos, parse_us
 from loadgen.run.ramp import Ramp, RampError
+from loadgen.sim.model import SimConfig
 from loadgen.worker.load import Arrivals
-from loadgen.worker.stream_measure import Slo
 from loadgen.worker.wire import Cancelling, LoadSpec
 from loadgen.worker.workload import LengthDist, Workload, WorkloadError, load_prompts
 
@@ -27,8 +27,8 @@ class ConfigError(ValueError):
 
 
 class PublishTo(msgspec.Struct, kw_only=True):
-    """`--publish`: where a console's engine also sends its Snapshots (MQTT). No password
-    here: it travels in the environment ($TOKENTOP_MQTT_PASSWORD)."""
+    """Where the run also sends its Snapshots over MQTT (`tokentop agent`, the console's
+    `--publish`). No password here: it travels with the run's Secrets."""
 
     broker: str  # mqtt://[user@]host[:port] or mqtts://…
     fleet: str
@@ -37,6 +37,12 @@ class PublishTo(msgspec.Struct, kw_only=True):
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
+    backlog: int = 1200  # Snapshots held while the broker is away (10 min at 2 Hz)
+    max_backoff: float = 30.0  # seconds between reconnect attempts, at most
+    # remote control from the fleet console: off unless the agent allows it, then capped
+    remote_control: bool = False
+    max_concurrency: int = 64
+    max_rate: float = 50.0
 
 
 class RunConfig(msgspec.Struct, kw_only=True):
@@ -78,7 +84,11 @@ class RunConfig(msgspec.Struct, kw_only=True):
     tick: float = 0.5
     request_timeout: float = 600.0
     drain_grace: float = 10.0
-    sim_args: list[str] = msgspec.field(default_factory=list)
+    # the embedded simulator (with url None): its settings, typed, as the command line
+    # resolved them from --sim-profile / --sim-arg (None: SimConfig's defaults); the name
+    # is what the coordinator hands to EmbeddedSim. sim_flags: those flags as given.
+    sim_args: SimConfig | None = None
+    sim_flags: list[str] = msgspec.field(default_factory=list)
     seed: int = 0
     publish: PublishTo | None = None
     calibrate: bool = False  # timing error against the exact-timing simulator's stamps
@@ -143,9 +153,11 @@ def _parse(cfg: RunConfig) -> Parsed:
         if cfg.prompts_file:
             load_prompts(cfg.prompts_file)  # fail now, in words, not in every worker
         ramp = Ramp.parse(cfg.ramp) if cfg.ramp else None
-    except (WorkloadError, RampError) as e:
+        slos = parse_slos(cfg.slo)
+        cancelling = _cancelling(cfg)
+    except (WorkloadError, RampError, SloError) as e:
         raise ConfigError(str(e)) from None
-    return Parsed(inp, out, ramp, parse_slos(cfg.slo), _cancelling(cfg))
+    return Parsed(inp, out, ramp, slos, cancelling)
 
 
 def _check_choices(cfg: RunConfig) -> None:
@@ -164,97 +176,6 @@ def _check_choices(cfg: RunConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
-
-
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|µs|ms|s)?\s*$")
-_UNIT_US = {"us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6, None: 1e3}  # bare numbers are ms
-
-
-def parse_us(text: str) -> float:
-    m = _DURATION.match(text)
-    if not m:
-        raise ConfigError(f"bad time {text!r}: use e.g. 500ms, 2s or 800us")
-    return float(m.group(1)) * _UNIT_US[m.group(2)]
-
-
-class Threshold(msgspec.Struct, frozen=True):
-    """A whole-run pass/fail limit, k6 style: `ttft_p99<500ms`, `error_rate<0.1%`."""
-
-    metric: str  # ttft | itl | tpot | e2e | error_rate | req_s | output_tok_s
-    stat: str | None  # p50 | p90 | p99 | p99.9 | max | mean (latencies only)
-    op: str  # < | <= | > | >=
-    value: float  # µs for latencies, a fraction for error_rate, per second for rates
-    text: str  # as the user wrote it, for reports
-
-    def passes(self, measured: float | None) -> bool:
-        if measured is None:
-            return False
-        return {"<": measured < self.value, "<=": measured <= self.value,
-                ">": measured > self.value, ">=": measured >= self.value}[self.op]
-
-
-class Slos(msgspec.Struct, frozen=True):
-    per_request: Slo | None  # goodput: each request within these
-    thresholds: list[Threshold]  # the run passes when all hold
-
-
-_LATENCIES = ("ttft", "itl", "tpot", "e2e")
-_STATS = ("p50", "p90", "p99", "p99.9", "max", "mean")
-_SLO_PART = re.compile(
-    r"^\s*([a-z0-9_]+?)(?:_(" + "|".join(re.escape(s) for s in _STATS) + r"))?"
-    r"\s*(<=|<|>=|>|=)\s*(.+)$"
-)
-
-
-def parse_slos(text: str | None) -> Slos:
-    """`--slo` parts, comma-separated:
-
-    ttft<500ms, tpot<50ms, e2e<10s   per request: a request inside all of them is "good"
-                                     (goodput = good requests per second)
-    ttft_p99<500ms, itl_p99.9<80ms   whole run: pass/fail thresholds (exit code 3 on fail)
-    error_rate<0.1%, output_tok_s>1000, req_s>=5
-    """
-    if not text:
-        return Slos(None, [])
-    per_request: dict[str, float] = {}
-    thresholds: list[Threshold] = []
-    for part in text.split(","):
-        m = _SLO_PART.match(part.strip().lower())
-        if not m:
-            raise ConfigError(f"bad --slo part {part.strip()!r}: use e.g. ttft<500ms, "
-                              "ttft_p99<500ms or error_rate<1%")
-        metric, stat, op, value = m.groups()
-        op = "<=" if op == "=" else op
-        if metric in _LATENCIES and stat is None:
-            if op not in ("<", "<="):
-                raise ConfigError(f"per-request limit {part.strip()!r} must be an upper bound")
-            per_request[f"{metric}_us"] = parse_us(value)
-        elif metric in _LATENCIES:
-            thresholds.append(Threshold(metric, stat, op, parse_us(value), part.strip()))
-        elif metric == "error_rate" and stat is None:
-            thresholds.append(Threshold(metric, None, op, _fraction(value), part.strip()))
-        elif metric in ("req_s", "output_tok_s", "goodput_req_s") and stat is None:
-            thresholds.append(Threshold(metric, None, op, _number(value), part.strip()))
-        else:
-            raise ConfigError(f"unknown --slo metric in {part.strip()!r}: latencies "
-                              f"{', '.join(_LATENCIES)} (optionally _p99 etc.), error_rate, "
-                              "req_s, output_tok_s, goodput_req_s")
-    return Slos(Slo(**per_request) if per_request else None, thresholds)
-
-
-def _fraction(text: str) -> float:
-    t = text.strip()
-    try:
-        return float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
-    except ValueError:
-        raise ConfigError(f"bad fraction {text!r}: use 0.001 or 0.1%") from None
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text.strip())
-    except ValueError:
-        raise ConfigError(f"bad number {text!r}") from None
 
 
 def _cancelling(cfg: RunConfig) -> Cancelling:

@@ -24,6 +24,7 @@ import aiohttp
 import msgspec
 
 from loadgen.model import hdr
+from loadgen.model.kinds import UNREACHABLE_ERRORS
 from loadgen.model.snapshot import (
     METRICS,
     ClientSample,
@@ -42,6 +43,8 @@ from loadgen.run.config import ConfigError, RunConfig, default_workers
 from loadgen.run.embedded_sim import EmbeddedSim, SimStartError
 from loadgen.run.pool import WorkerPool
 from loadgen.run.preflight import TargetError, check_url, resolve_model
+from loadgen.run.resume import ResumeFrom
+from loadgen.run.secrets import Secrets
 from loadgen.worker import wire
 from probes.gpu import GpuProbe
 from probes.host import HostProbe
@@ -50,32 +53,21 @@ from probes.server_metrics import ServerMetricsProbe, metrics_url_for
 
 log = logging.getLogger("tokentop.coordinator")
 
-METRICS_TOKEN_ENV = "TOKENTOP_METRICS_TOKEN"  # never on a command line, never recorded
 PROBE_PERIOD_S = 1.0
 ERROR_EVENT_EVERY_S = 5.0  # one event per error kind at most this often, with the count
 ERROR_RATE_WINDOW_S = 10.0  # --stop-error-rate looks this far back …
 ERROR_RATE_MIN_REQUESTS = 20  # … and needs at least this many requests to judge
 LAG_WARN_MS = 5.0  # event-loop lag that starts to show in latencies
-# errors that mean "the server is not there", as opposed to "the server said no"
-OUTAGE_KINDS = ("connect", "stream_broken", "timeout")
-
-
-class ResumeFrom(msgspec.Struct, kw_only=True):
-    """Where a resumed run (`--resume DIR`) picks up: same run id, numbering and totals."""
-
-    run_id: str
-    seq: int  # the next Snapshot's seq
-    elapsed: float  # seconds the run had lasted at its last Snapshot
-    counters: Counters  # the totals at its last Snapshot
 
 
 class Coordinator:
     def __init__(
-        self, cfg: RunConfig, api_key: str | None = None, resume: ResumeFrom | None = None
+        self, cfg: RunConfig, secrets: Secrets | None = None, resume: ResumeFrom | None = None
     ) -> None:
         self.cfg = cfg
         self.parsed = cfg.parsed()  # raises ConfigError before anything starts
-        self.api_key = api_key
+        self.secrets = secrets or Secrets()
+        self.api_key = self.secrets.api_key
         self.resume = resume
         self.run_id = resume.run_id if resume else uuid.uuid4().hex[:12]
         self.sim: EmbeddedSim | None = None
@@ -141,7 +133,7 @@ class Coordinator:
         # a token of its own for /metrics (--metrics-token-file); else the API key, but only
         # on the target's own origin, never sent to another host
         same_origin = urlsplit(metrics_url)[:2] == urlsplit(base)[:2]
-        token = os.environ.get(METRICS_TOKEN_ENV) or (self.api_key if same_origin else None)
+        token = self.secrets.metrics_token or (self.api_key if same_origin else None)
         self.server_probe = ServerMetricsProbe(metrics_url, self._session, bearer_token=token)
         self.process_probe = self._process_probe(base)
         await self._sample_probes()
@@ -271,7 +263,7 @@ class Coordinator:
         # elapsed counts on from the resumed run's last Snapshot; the gap itself is not load
         offset = self.resume.elapsed if self.resume else 0.0
         if self.resume:
-            self._event("run", f"resumed run {self.run_id} after a gap; numbering continues "
+            self._event("resume", f"resumed run {self.run_id} after a gap; numbering continues "
                         f"at seq {seq}", level="warn")
         while True:
             await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
@@ -438,7 +430,7 @@ class Coordinator:
     def _track_outage(self, t: float, tick: Counters) -> None:
         """Outage: requests fail because the server is not there and none succeed; it ends
         with the first success. Both ends are events (their gaps give MTTR)."""
-        gone = sum(tick.errors.get(k, 0) for k in OUTAGE_KINDS)
+        gone = sum(tick.errors.get(k, 0) for k in UNREACHABLE_ERRORS)
         server_down = self._server is not None and not self._server.ok
         if self._outage_since is None:
             if tick.requests_ok == 0 and (gone > 0 or (server_down and tick.requests_failed)):

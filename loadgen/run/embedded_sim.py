@@ -3,6 +3,10 @@
 It runs in its own process so its engine loop never competes with the
 client's timing, listens on a free loopback port, and exits by itself when
 our end of its stdin closes (so it dies with us, even on kill -9).
+
+Its settings are a typed SimConfig (resolved from `--sim-profile`/`--sim-arg` by
+the command line, tui/commands/); the child `python -m loadgen.sim` reads them as
+one JSON line on stdin (loadgen/sim/launch.py), so no flag is parsed here.
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ import asyncio
 import contextlib
 import logging
 import sys
+
+from loadgen.sim.launch import SimLaunch, encode_launch
+from loadgen.sim.model import SimConfig
 
 log = logging.getLogger("tokentop.sim")
 
@@ -22,8 +29,8 @@ class SimStartError(Exception):
 
 
 class EmbeddedSim:
-    def __init__(self, extra_args: list[str] | None = None) -> None:
-        self.extra_args = extra_args or []
+    def __init__(self, config: SimConfig | None = None) -> None:
+        self.config = config or SimConfig()
         self.proc: asyncio.subprocess.Process | None = None
         self.port: int | None = None
         self._stderr: asyncio.Task | None = None
@@ -35,14 +42,16 @@ class EmbeddedSim:
     async def start(self, timeout: float = 20.0) -> str:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "loadgen.sim",
-            "--host", "127.0.0.1", "--port", "0", "--announce", "--exit-with-parent",
-            *self.extra_args,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
-        assert self.proc.stdout is not None
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        # the stdin pipe stays open after the launch line: its EOF is "the parent is gone"
+        self.proc.stdin.write(encode_launch(SimLaunch(config=self.config, port=0)))
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # died: said below
+            await self.proc.stdin.drain()
         try:
             async with asyncio.timeout(timeout):
                 while line := await self.proc.stdout.readline():

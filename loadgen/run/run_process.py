@@ -1,20 +1,18 @@
-"""The engine in its own process, for the console: Snapshots out, control in.
+"""The run in its own process, for the console: Snapshots out, control in.
 
-The console never runs the coordinator on its own event loop: a slow frame
-must not delay a tick, and if the terminal goes away (SSH drops) the engine
-sees its stdin close and stops the load by itself.
+The console never runs the session on its own event loop: a slow frame must not
+delay a tick, and if the terminal goes away (SSH drops) the run process sees its
+stdin close and stops the load by itself.
 
 Protocol, one JSON object per line:
-  console → engine: the RunConfig first, then Control messages.
-  engine → console: Ready (the resolved target) or Fatal (why not), then
-                    one Snapshot message per tick until the run has stopped.
-The API key travels in the environment (TOKENTOP_API_KEY), never on a line.
+  console → run: Start (the RunConfig, the Secrets, whether to record), then
+                 Control messages.
+  run → console: Ready (the resolved target) or Fatal (why not), then one
+                 Snapshot message per tick until the run has stopped.
+Secrets travel on this pipe only, never in the argv or the environment.
 
-The engine records the run (loadgen.record.recorder) to `cfg.out` or the default run
-directory; the first Snapshot carries a "recording to DIR" event. When recording
-fails, an error Event says so in the console, and the load stops
-(`cfg.on_disk_full == "stop"`, the default) or goes on unrecorded ("continue").
-TOKENTOP_NO_RECORD=1 in the environment turns recording off.
+The run is an ordinary Session (loadgen.run.session): recorded, watched,
+published with --publish, its summary written into the run directory.
 """
 
 from __future__ import annotations
@@ -32,13 +30,19 @@ import msgspec
 
 from loadgen.model.snapshot import Control, Snapshot, Target
 from loadgen.model.source import SourceError
-from loadgen.record.recorder import Recording, RecordingError, resumed
-from loadgen.run.config import ConfigError, RunConfig
-from loadgen.run.coordinator import Coordinator
-from loadgen.run.preflight import TargetError
+from loadgen.model.windows import SnapshotWindows
+from loadgen.run.config import RunConfig
+from loadgen.run.secrets import Secrets
+from loadgen.run.session import Session, SessionError
 from loadgen.worker import eventloop
 
-log = logging.getLogger("tokentop.engine")
+log = logging.getLogger("tokentop.run_process")
+
+
+class Start(msgspec.Struct, tag="start"):
+    config: RunConfig
+    secrets: Secrets
+    record: bool = True
 
 
 class Ready(msgspec.Struct, tag="ready"):
@@ -58,13 +62,17 @@ _decode_msg = msgspec.json.Decoder(EngineMsg).decode
 _encode = msgspec.json.Encoder().encode
 
 
-class EngineProcess:
-    """A SnapshotSource backed by a live engine in a child process."""
+class RunProcess:
+    """A SnapshotSource backed by a live run in a child process."""
 
-    def __init__(self, cfg: RunConfig, api_key: str | None = None, log_path: Path | None = None):
+    kind = "live"
+
+    def __init__(self, cfg: RunConfig, secrets: Secrets | None = None, *, record: bool = True,
+                 log_path: Path | None = None):
         self.cfg = cfg
-        self.api_key = api_key
-        default_log = Path(tempfile.gettempdir()) / f"tokentop-engine-{os.getpid()}.log"
+        self.secrets = secrets or Secrets()
+        self.record = record
+        default_log = Path(tempfile.gettempdir()) / f"tokentop-run-{os.getpid()}.log"
         self.log_path = log_path or default_log
         target = cfg.url or "the embedded simulator"
         self.description = f"live: {target}"
@@ -72,29 +80,25 @@ class EngineProcess:
         self.target: Target | None = None
 
     async def start(self) -> None:
-        env = dict(os.environ)
-        env.pop("TOKENTOP_API_KEY", None)
-        if self.api_key:
-            env["TOKENTOP_API_KEY"] = self.api_key
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the child
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "loadgen.run.run_process",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=self._log,
-            env=env,
             start_new_session=True,
             limit=2**24,
         )
         assert self.proc.stdin is not None
-        self.proc.stdin.write(_encode(self.cfg) + b"\n")
+        self.proc.stdin.write(_encode(Start(config=self.cfg, secrets=self.secrets,
+                                            record=self.record)) + b"\n")
         msg = await self._next_message(timeout=90.0)
         if isinstance(msg, Fatal):
             await self._reap()
             raise SourceError(msg.message)
         if not isinstance(msg, Ready):
             await self._reap()
-            raise SourceError(f"the engine did not start; see {self.log_path}")
+            raise SourceError(f"the run did not start; see {self.log_path}")
         self.target = msg.target
         self.description = f"live: {msg.target.url}"
 
@@ -169,83 +173,60 @@ async def _child() -> int:
         out.write(_encode(msg) + b"\n")
         out.flush()
 
-    line = await reader.readline()
     try:
-        cfg = msgspec.json.decode(line, type=RunConfig)
+        start = msgspec.json.decode(await reader.readline(), type=Start)
     except msgspec.DecodeError as e:
-        send(Fatal(f"bad engine configuration: {e}"))
+        send(Fatal(f"bad run configuration: {e}"))
         return 2
+    session = Session(start.config, start.secrets, sinks=[ToConsole(send)], record=start.record)
     try:
-        resume = None
-        if cfg.resume:
-            cfg, resume = resumed(cfg)
-        coord = Coordinator(cfg, os.environ.get("TOKENTOP_API_KEY"), resume=resume)
-        recording = Recording.open(cfg, run_id=coord.run_id,
-                                   record=os.environ.get("TOKENTOP_NO_RECORD") != "1")
-    except (ConfigError, RecordingError) as e:
+        await session.start()
+    except SessionError as e:
         send(Fatal(str(e)))
         return 2
+    assert session.coord is not None and session.coord.target is not None
+    send(Ready(session.coord.target))
+    controls = asyncio.create_task(_read_controls(reader, session))
     try:
-        await coord.start()
-    except (TargetError, ConfigError) as e:
-        recording.discard({"error": str(e)})
-        send(Fatal(str(e)))
-        return 2
-    assert coord.target is not None
-    send(Ready(coord.target))
-    controls = asyncio.create_task(_read_controls(reader, coord))
-    publisher = await _publisher(cfg, coord.run_id)
-    stopping = False
-    try:
-        async for snap in coord.snapshots():
-            recording.take(snap)
-            if recording.stop_load and not stopping:
-                stopping = True
-                coord.request_stop("recording failed")
-            if publisher is not None:
-                publisher.publish(snap)
-            send(SnapshotMsg(snap))
+        async for _ in session.snapshots():
+            pass
     except BrokenPipeError:
-        pass  # the console is gone; close() below still stops the load
+        pass  # the console is gone; finish() below still stops the load
     finally:
         controls.cancel()
-        await coord.close()
-        if publisher is not None:
-            await publisher.close()
-        error = recording.close()
-        if error:
-            log.error("%s", error)
+        outcome = await session.finish()
+    log.info("%s", outcome.reason)
     return 0
 
 
-async def _publisher(cfg: RunConfig, run_id: str):
-    """`--publish`: the console's Snapshots go to MQTT too (read-only: no remote control)."""
-    if cfg.publish is None:
-        return None
-    from types import SimpleNamespace
+class ToConsole:
+    """The sink that is the console: every Snapshot down the pipe."""
 
-    from loadgen.fleet.link import broker_from_args
-    from loadgen.fleet.publisher import TelemetryPublisher
+    def __init__(self, send) -> None:
+        self.send = send
 
-    p = cfg.publish
-    settings = broker_from_args(SimpleNamespace(
-        broker=p.broker, mqtt_password_file=None, mqtt_ca_file=p.ca_file,
-        mqtt_cert_file=p.cert_file, mqtt_key_file=p.key_file, mqtt_keepalive=p.keepalive,
-    ))
-    publisher = TelemetryPublisher(settings, fleet=p.fleet, agent=p.name, run_id=run_id)
-    await publisher.start()
-    return publisher
+    async def start(self, session: Session) -> None:
+        pass
+
+    def take(self, snap: Snapshot, windows: SnapshotWindows) -> None:
+        self.send(SnapshotMsg(snap))
+
+    def finish(self, summary: dict) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
 
 
-async def _read_controls(reader: asyncio.StreamReader, coord: Coordinator) -> None:
+async def _read_controls(reader: asyncio.StreamReader, session: Session) -> None:
     while line := await reader.readline():
         try:
-            await coord.control(msgspec.json.decode(line, type=Control))
+            await session.control(msgspec.json.decode(line, type=Control))
         except msgspec.DecodeError as e:
             log.warning("ignored a bad control line: %s", e)
     # stdin closed: the console went away without a word; stop now, nobody is watching
-    coord.cfg.drain_grace = min(coord.cfg.drain_grace, 2.0)
-    coord.request_stop()
+    session.cfg.drain_grace = min(session.cfg.drain_grace, 2.0)
+    session.request_stop()
 
 
 def main() -> int:

@@ -2,8 +2,9 @@
 
 Continuous batching over a slot limit, a KV-cache token budget with preemption,
 prefill cost per prompt token, decode step time that grows with the batch,
-vLLM-style /metrics and a simulated GPU at /sim/gpu. `tokentop` with no target
-starts one (`python -m loadgen.sim --port 0 --announce --exit-with-parent`);
+vLLM-style /metrics and a simulated GPU at /sim/gpu. `tokentop sim` runs one
+(flags parsed in tui/commands/sim.py); `tokentop` with no target starts one as
+`python -m loadgen.sim`, its SimConfig as one JSON line on stdin (launch.py);
 tests start one in-process with `await start_sim(SimConfig(...))`.
 
 Also: `--profile` presets modelled on real deployments (presets.py), other
@@ -21,19 +22,6 @@ more than any single load generator here can read.
 """
 
 from loadgen.sim.model import SimConfig
-from loadgen.sim.server import (
-    RunningSim,
-    add_sim_arguments,
-    config_from_args,
-    run_sim_forever,
-    start_sim,
-)
+from loadgen.sim.server import RunningSim, serve_forever, start_sim
 
-__all__ = [
-    "RunningSim",
-    "SimConfig",
-    "add_sim_arguments",
-    "config_from_args",
-    "run_sim_forever",
-    "start_sim",
-]
+__all__ = ["RunningSim", "SimConfig", "serve_forever", "start_sim"]

@@ -42,7 +42,6 @@ two-byte character split across two SSE events, so each event is invalid UTF-8).
 
 from __future__ import annotations
 
-import argparse
 import random
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -173,50 +172,3 @@ class Faults:
             "injected": dict(self.injected),
             "outage_active": outage_active,
         }
-
-
-# ---- command line
-
-
-def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
-    d = FaultConfig()
-    g = parser.add_argument_group(
-        "simulated faults (also changeable mid-run: POST /sim/faults, loopback only)"
-    )
-    helps = {
-        "error_rate": "fraction of requests answered HTTP 500",
-        "rate_limit_rate": "fraction of requests answered HTTP 429",
-        "retry_after_s": "Retry-After of the 429s, seconds",
-        "slow_first_byte_ms": "delay before every response's first byte, ms",
-        "stall_rate": "fraction of streams that stall mid-way",
-        "stall_s": "length of a mid-stream stall, seconds",
-        "drop_rate": "fraction of streams whose connection drops mid-way",
-        "malformed_rate": "fraction of streams with one malformed chunk",
-        "malformed_kind": "bad_json | missing_data | split_utf8",
-        "empty_choices_rate": "fraction of streams with only empty choices",
-        "outage_s": "one outage (restart) of this many seconds ...",
-        "outage_after_s": "... this many seconds after start",
-        "spike_every_s": "a latency spike (GC pause) every this many seconds ...",
-        "spike_ms": "... this long, ms",
-        "seed": "seed of the per-request fault draw",
-    }
-    for f in fields(FaultConfig):
-        default = getattr(d, f.name)
-        kind = type(default)
-        g.add_argument(
-            "--fault-" + f.name.replace("_", "-"),
-            dest="fault_" + f.name,
-            type=kind,
-            default=None,
-            choices=MALFORMED_KINDS if f.name == "malformed_kind" else None,
-            help=f"{helps[f.name]} (default {default})",
-        )
-
-
-def faults_from_args(args: argparse.Namespace) -> FaultConfig:
-    changes = {
-        f.name: getattr(args, "fault_" + f.name)
-        for f in fields(FaultConfig)
-        if getattr(args, "fault_" + f.name, None) is not None
-    }
-    return FaultConfig().updated(changes)

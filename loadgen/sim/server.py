@@ -30,7 +30,6 @@ Requests, as the simulator reads them:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import ipaddress
@@ -44,16 +43,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from loadgen.sim.faults import Faults, add_fault_arguments, faults_from_args
+from loadgen.sim.faults import Faults
 from loadgen.sim.gpu import SimGpu
-from loadgen.sim.metrics import CONTENT_TYPE, DIALECTS
+from loadgen.sim.metrics import CONTENT_TYPE
 from loadgen.sim.model import DONE, ContextLengthError, Engine, Sequence, SimConfig
-from loadgen.sim.presets import PROFILES, profile
 
 log = logging.getLogger("loadgen.sim")
 
@@ -790,94 +788,26 @@ async def start_sim(
     return RunningSim(host=host, port=bound, server=server, _runner=runner)
 
 
-# ---- command line
+# ---- serving until told to stop
 
 
-def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the simulator's options to a parser.
+def serve_forever(
+    cfg: SimConfig,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    announce: bool = False,
+    exit_with_parent: bool = False,
+) -> int:
+    """Serve until SIGINT/SIGTERM (or stdin EOF with `exit_with_parent`); the exit code.
 
-    Model options default to None so that `--profile` can fill them and any flag given
-    still wins; config_from_args resolves them (flag > profile > SimConfig default).
+    `announce` prints `TOKENTOP_SIM_LISTENING <port>` on stdout once listening, the one
+    line a parent that asked for port 0 waits for. A port that cannot be had is one line
+    on stderr and exit code 2.
     """
-    d = SimConfig()
-    g = parser.add_argument_group("simulator")
-    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
-    g.add_argument(
-        "--port", type=int, default=8000, help="port, 0 for a free one (default %(default)s)"
-    )
-    g.add_argument(
-        "--profile",
-        choices=sorted(PROFILES),
-        default=None,
-        help="named settings modelled on a real deployment (loadgen/sim/presets.py); "
-        "every other flag overrides it",
-    )
-
-    def opt(flag: str, dest: str, kind: type, doc: str, **kw: Any) -> None:
-        default = getattr(d, dest)
-        g.add_argument(flag, dest=dest, type=kind, default=None,
-                       help=f"{doc} (default {default})", **kw)  # fmt: skip
-
-    opt("--model", "model_name", str, "served model name")
-    opt("--slots", "slots", int, "max running sequences")
-    opt("--kv-tokens", "kv_tokens", int, "KV-cache budget in tokens")
-    opt("--step-overhead-ms", "step_overhead_ms", float, "fixed cost of every engine step, ms")
-    opt("--decode-ms-per-seq", "decode_ms_per_seq", float, "step cost per decoding sequence, ms")
-    opt("--prefill-ms-per-token", "prefill_ms_per_token", float,
-        "step cost per prompt token prefilled, ms")  # fmt: skip
-    opt("--prefill-chunk-tokens", "prefill_chunk_tokens", int,
-        "prefill tokens per step (chunked prefill)")  # fmt: skip
-    opt("--default-max-tokens", "default_max_tokens", int, "max_tokens when a request names none")
-    opt("--mean-output-tokens", "mean_output_tokens", float,
-        "mean natural output length when ignore_eos is false")  # fmt: skip
-    opt("--seed", "seed", int, "seed for the natural output lengths")
-    opt("--tokens-per-chunk", "tokens_per_chunk", int,
-        "tokens per SSE chunk after the first (chunk batching)")  # fmt: skip
-    opt("--exact-ttft-ms", "exact_ttft_ms", float,
-        "exact-timing mode: every request's TTFT, ms (with --exact-itl-ms)")  # fmt: skip
-    opt("--exact-itl-ms", "exact_itl_ms", float, "exact-timing mode: every inter-token gap, ms")
-    opt("--metrics-dialect", "metrics_dialect", str, "the /metrics names to speak",
-        choices=DIALECTS)  # fmt: skip
-    opt("--gpu-name", "gpu_name", str, "the simulated GPU's name")
-    opt("--gpu-count", "gpu_count", int, "simulated GPUs (tensor parallel)")
-    opt("--gpu-memory-bytes", "gpu_memory_bytes", int, "memory per simulated GPU")
-    opt("--weights-bytes", "weights_bytes", int, "model weights, all GPUs together")
-    opt("--kv-bytes-per-token", "kv_bytes_per_token", int, "KV-cache bytes per token")
-    opt("--idle-power-w", "idle_power_w", float, "simulated GPU idle power, W")
-    opt("--power-limit-w", "power_limit_w", float, "simulated GPU power limit, W")
-    g.add_argument("--announce", action="store_true",
-                   help=f"print '{ANNOUNCE} <port>' on stdout once listening")  # fmt: skip
-    g.add_argument("--exit-with-parent", action="store_true",
-                   help="exit when stdin reaches EOF (the parent has gone)")  # fmt: skip
-    add_fault_arguments(parser)
-
-
-# argparse dest -> SimConfig field, where the names differ (older namespaces)
-_ARG_FIELDS = {"model": "model_name"}
-
-
-def config_from_args(args: argparse.Namespace) -> SimConfig:
-    """A SimConfig from parsed arguments: flag > --profile > default. Raises ValueError."""
-    known = {f.name for f in fields(SimConfig)} - {"faults"}
-    values: dict[str, Any] = {}
-    name = getattr(args, "profile", None)
-    if name is not None:
-        try:
-            values.update(profile(name))
-        except KeyError as exc:
-            raise ValueError(exc.args[0]) from None
-    for dest, value in vars(args).items():
-        field_name = _ARG_FIELDS.get(dest, dest)
-        if field_name in known and value is not None:
-            values[field_name] = value
-    values["faults"] = faults_from_args(args)
-    return SimConfig(**values)
-
-
-def run_sim_forever(args: argparse.Namespace) -> int:
-    """Serve until SIGINT/SIGTERM (or stdin EOF with exit_with_parent); the exit code."""
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(_serve(args))
+        return runner.run(_serve(cfg, host, port, announce=announce,
+                                 exit_with_parent=exit_with_parent))
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -888,14 +818,8 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-async def _serve(args: argparse.Namespace) -> int:
-    try:
-        cfg = config_from_args(args)
-    except ValueError as exc:
-        print(f"tokentop sim: {exc}", file=sys.stderr)
-        return 2
-    host = getattr(args, "host", "127.0.0.1")
-    port = getattr(args, "port", 8000)
+async def _serve(cfg: SimConfig, host: str, port: int, *, announce: bool,
+                 exit_with_parent: bool) -> int:
     try:
         sim = await start_sim(cfg, host=host, port=port)
     except OSError as exc:
@@ -908,10 +832,10 @@ async def _serve(args: argparse.Namespace) -> int:
         # Not in the main thread (or not on POSIX): the caller handles signals itself.
         with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    if getattr(args, "exit_with_parent", False):
+    if exit_with_parent:
         _watch_stdin(loop, stop)
     log.info("simulator listening on %s (model %s, %d slots)", sim.url, cfg.model_name, cfg.slots)
-    if getattr(args, "announce", False):
+    if announce:
         print(f"{ANNOUNCE} {sim.port}", flush=True)
     try:
         await stop.wait()

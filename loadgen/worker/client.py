@@ -14,9 +14,10 @@ from time import perf_counter, time_ns
 
 import msgspec
 
+from loadgen.model.slo import Slo
 from loadgen.worker.http_stream import Endpoint, Outcome, StreamConnection, open_connection
 from loadgen.worker.interval import IntervalRecorder
-from loadgen.worker.stream_measure import Slo, StreamMeasure
+from loadgen.worker.stream_measure import StreamMeasure
 
 CONNECT_TIMEOUT_S = 10.0
 

@@ -15,10 +15,11 @@ from time import perf_counter
 import msgspec
 import openai
 
+from loadgen.model.slo import Slo
 from loadgen.worker.client import http_error
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.sse import Choice, Chunk, Delta, Usage
-from loadgen.worker.stream_measure import Slo, StreamMeasure
+from loadgen.worker.stream_measure import StreamMeasure
 
 # fields the SDK does not know; they travel in extra_body as the servers expect
 _EXTRA = ("ignore_eos",)

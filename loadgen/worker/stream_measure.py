@@ -19,25 +19,11 @@ from __future__ import annotations
 
 import msgspec
 
+from loadgen.model.slo import Slo
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.sse import DONE, SseParser, chunk_decoder
 
 US = 1e6
-
-
-class Slo(msgspec.Struct, kw_only=True, frozen=True):
-    """Per-request limits for goodput, in µs; None = not set."""
-
-    ttft_us: float | None = None
-    tpot_us: float | None = None
-    e2e_us: float | None = None
-
-    def met(self, ttft: float, tpot: float | None, e2e: float) -> bool:
-        if self.ttft_us is not None and ttft > self.ttft_us:
-            return False
-        if self.tpot_us is not None and tpot is not None and tpot > self.tpot_us:
-            return False
-        return not (self.e2e_us is not None and e2e > self.e2e_us)
 
 
 class StreamMeasure:

@@ -13,9 +13,9 @@ import struct
 
 import msgspec
 
+from loadgen.model.slo import Slo
 from loadgen.model.snapshot import Counters
 from loadgen.worker.interval import SparseHist
-from loadgen.worker.stream_measure import Slo
 from loadgen.worker.workload import Workload
 
 

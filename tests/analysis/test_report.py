@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+from msgspec import to_builtins
 
 from loadgen.model import hdr
 from loadgen.model.snapshot import (
@@ -53,7 +54,7 @@ def snap(i: int) -> Snapshot:
 
 
 def test_report_on_a_torn_running_directory(tmp_path):
-    rec = Recorder.create(tmp_path / "run", RunConfig(slo="ttft_p99<1s,error_rate<1%"),
+    rec = Recorder.create(tmp_path / "run", to_builtins(RunConfig(slo="ttft_p99<1s,error_rate<1%")),
                           run_id="r")
     for i in range(60):
         rec.write(snap(i))

@@ -16,6 +16,7 @@ import pytest
 
 from loadgen.analysis.soak import analyze
 from loadgen.model import hdr
+from loadgen.model.slo import parse_slos
 from loadgen.model.snapshot import (
     Counters,
     LoadState,
@@ -25,7 +26,7 @@ from loadgen.model.snapshot import (
     Target,
 )
 from loadgen.record.rundir import iter_snapshots
-from loadgen.run.config import RunConfig, parse_slos
+from loadgen.run.config import RunConfig
 
 T0 = 1_700_000_000.0
 

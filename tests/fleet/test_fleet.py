@@ -7,9 +7,9 @@ import asyncio
 import numpy as np
 from mosquitto import Mosquitto, Recorder, settings, small_run, start_agent, until
 
-from loadgen.fleet.agent import REMOTE_OFF
 from loadgen.fleet.monitor import FleetMonitor
 from loadgen.fleet.publisher import decode_snapshot
+from loadgen.fleet.remote import REMOTE_OFF
 from loadgen.model import hdr
 
 
@@ -60,7 +60,7 @@ async def test_control_applied_within_a_tick_refused_beyond_the_cap(sim, tmp_pat
         monitor = FleetMonitor(b, "t")
         await monitor.start(wait=10)
         ctl = start_agent(small_run(sim.url, concurrency=2), b, "ctl",
-                          allow_remote_control=True, max_concurrency=8)
+                          remote_control=True, max_concurrency=8)
         ro = start_agent(small_run(sim.url, concurrency=1), b, "ro")
         try:
             await until(lambda: all(n in monitor.agents and monitor.agents[n].last is not None

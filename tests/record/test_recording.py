@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from hdrh.histogram import HdrHistogram
 from hdrh.log import HistogramLogReader
+from msgspec import to_builtins
 
 from loadgen.analysis.soak import analyze
 from loadgen.model import hdr
@@ -29,9 +30,10 @@ from loadgen.model.snapshot import (
     SnapshotVersionError,
     Target,
 )
-from loadgen.record.recorder import Recorder, Recording, RecordingError, read_resume
+from loadgen.record.recorder import Recorder, Recording, RecordingError
 from loadgen.record.rundir import iter_snapshots, last_snapshot, parts, read_events, read_manifest
 from loadgen.run.config import RunConfig
+from loadgen.run.resume import read_resume
 
 T0 = 1_700_000_000.0
 
@@ -62,7 +64,7 @@ def child_env(tmp_path) -> dict:
 
 def test_layout_manifest_and_hlog_read_back_by_hdrhistograms_reader(tmp_path):
     cfg = RunConfig(url="http://127.0.0.1:1/v1", slo="ttft_p99<1s")
-    rec = Recorder.create(None, cfg, run_id="r1")
+    rec = Recorder.create(None, to_builtins(cfg), run_id="r1")
     assert rec.run_dir.parent == tmp_path / "xdg" / "tokentop" / "runs"
     assert rec.run_dir.name.endswith("-r1")
     for i in range(6):
@@ -95,7 +97,8 @@ def test_layout_manifest_and_hlog_read_back_by_hdrhistograms_reader(tmp_path):
 
 
 def test_rotation_keeps_files_bounded_and_readers_read_all_parts(tmp_path):
-    rec = Recorder.create(tmp_path / "run", RunConfig(), run_id="r1", rotate_bytes=4000)
+    rec = Recorder.create(tmp_path / "run", to_builtins(RunConfig()), run_id="r1",
+                          rotate_bytes=4000)
     for i in range(20):
         rec.write(snap(i))
     rec.close()
@@ -111,7 +114,7 @@ def test_rotation_keeps_files_bounded_and_readers_read_all_parts(tmp_path):
 
 
 def test_torn_and_corrupt_lines_are_skipped_with_a_warning(tmp_path):
-    rec = Recorder.create(tmp_path / "run", RunConfig(), run_id="r1")
+    rec = Recorder.create(tmp_path / "run", to_builtins(RunConfig()), run_id="r1")
     for i in range(4):
         rec.write(snap(i))
     rec.close(status="running")
@@ -127,7 +130,7 @@ def test_torn_and_corrupt_lines_are_skipped_with_a_warning(tmp_path):
 
 
 def test_unknown_snapshot_version_is_refused_in_words(tmp_path):
-    rec = Recorder.create(tmp_path / "run", RunConfig(), run_id="r1")
+    rec = Recorder.create(tmp_path / "run", to_builtins(RunConfig()), run_id="r1")
     rec.write(snap(0))
     rec.close()
     with open(rec.run_dir / "snapshots.jsonl", "ab") as f:
@@ -138,9 +141,9 @@ def test_unknown_snapshot_version_is_refused_in_words(tmp_path):
 
 def test_unwritable_directory_is_one_clear_error(tmp_path):
     with pytest.raises(RecordingError, match="cannot create the run directory /dev/null/x"):
-        Recorder.create("/dev/null/x", RunConfig(), run_id="r1")
+        Recorder.create("/dev/null/x", to_builtins(RunConfig()), run_id="r1")
     # the policy: "continue" goes on without recording, and the first Snapshot says so
-    r = Recording.open(RunConfig(out="/dev/null/x", on_disk_full="continue"), run_id="r1")
+    r = Recording.open(config={}, out="/dev/null/x", on_disk_full="continue", run_id="r1")
     s = snap(0)
     ev = r.take(s)
     assert ev is not None and "without recording" in ev.message and r.run_dir is None
@@ -148,7 +151,7 @@ def test_unwritable_directory_is_one_clear_error(tmp_path):
 
 def test_disk_full_stops_recording_with_a_message(tmp_path):
     run = tmp_path / "run"
-    Recorder.create(run, RunConfig(), run_id="r1").close(status="running")
+    Recorder.create(run, to_builtins(RunConfig()), run_id="r1").close(status="running")
     (run / "snapshots.jsonl").unlink()
     (run / "snapshots.jsonl").symlink_to("/dev/full")  # every write: ENOSPC
     r = Recording(Recorder.resume(run), "stop")

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from msgspec import to_builtins
 
 from loadgen.model import hdr
 from loadgen.model.snapshot import Control, Counters, LoadState, Snapshot, Target
@@ -29,7 +30,7 @@ def snap(seq: int, tick: float = 1.0) -> Snapshot:
 
 
 def recorded(tmp_path, n: int, *, finish: bool = True) -> Recorder:
-    rec = Recorder.create(tmp_path / "run", RunConfig(), run_id="r")
+    rec = Recorder.create(tmp_path / "run", to_builtins(RunConfig()), run_id="r")
     for i in range(n):
         rec.write(snap(i))
     if finish:

@@ -6,9 +6,10 @@ import asyncio
 
 import pytest
 
+from loadgen.model.slo import SloError, parse_slos
 from loadgen.model.snapshot import Control
 from loadgen.model.windows import SnapshotWindows
-from loadgen.run.config import ConfigError, RunConfig, parse_slos
+from loadgen.run.config import ConfigError, RunConfig
 from loadgen.run.coordinator import Coordinator
 
 
@@ -140,8 +141,10 @@ def test_bad_settings_are_sentences():
         RunConfig(cancel_rate=0.1).parsed()
     with pytest.raises(ConfigError, match="bad ramp"):
         RunConfig(ramp="linear:1:2").parsed()
-    with pytest.raises(ConfigError, match="unknown --slo metric"):
+    with pytest.raises(SloError, match="unknown --slo metric"):
         parse_slos("latency_p99<1s")
+    with pytest.raises(ConfigError, match="unknown --slo metric"):
+        RunConfig(slo="latency_p99<1s").parsed()
     slos = parse_slos("ttft<500ms,ttft_p99<1s,error_rate<0.1%")
     assert slos.per_request.ttft_us == 500_000
     assert [t.text for t in slos.thresholds] == ["ttft_p99<1s", "error_rate<0.1%"]

@@ -19,7 +19,7 @@ async def test_fleet_console_lists_controls_and_opens_agents(sim, tmp_path):
         monitor = FleetMonitor(b, "t")
         await monitor.start(wait=10)
         agents = [start_agent(small_run(sim.url, concurrency=2), b, "alpha",
-                              allow_remote_control=True, max_concurrency=4),
+                              remote_control=True, max_concurrency=4),
                   start_agent(small_run(sim.url, concurrency=1), b, "beta")]
         try:
             await until(lambda: all(n in monitor.agents and monitor.agents[n].last is not None

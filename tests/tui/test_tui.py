@@ -226,6 +226,7 @@ async def test_user_text_with_brackets_is_shown_literally() -> None:
 async def test_a_replay_says_so_in_the_header() -> None:
     src = held()
     src.description = "replay: /runs/20261130-010203-abc"
+    src.kind = "replay"  # the source says what it is; its description is only shown
     app = TokentopApp(src, refresh=0.05)
     async with app.run_test(size=SIZE) as pilot:
         await wait_drawn(pilot, app)

@@ -12,8 +12,8 @@ from scripted_source import T0, ScriptedSource, make_snapshot, make_snapshots
 from test_tui import SIZE, held, text, wait_drawn, wait_until
 from textual.widgets import Input
 
+from loadgen.model.slo import parse_slos
 from loadgen.model.snapshot import Counters, Event, ServerMetrics, Snapshot
-from loadgen.run.config import parse_slos
 from themes import THEME_NAMES
 from tui.app import TokentopApp
 from tui.screens import DistributionScreen, ErrorsScreen, GpuScreen, InputModal, SnapshotScreen

@@ -14,6 +14,8 @@ import pytest
 from scripted_source import ScriptedSource, make_snapshots
 from textual.pilot import Pilot
 
+from loadgen.model.slo import parse_slos
+from loadgen.run.watch import WatchedSource
 from themes import THEME_NAMES
 from tui.app import TokentopApp
 
@@ -53,6 +55,8 @@ async def _final_snapshot_drawn(pilot: Pilot) -> None:
     ids=["80x24", "120x40", "200x60"],
 )
 def test_main_screen(snap_compare, size: tuple[int, int], gpus: int, theme: str) -> None:
-    source = ScriptedSource(make_snapshots(N, gpus=gpus), hold=True)
+    # watched as a live run is (SLO breach events, tokens per joule)
+    source = WatchedSource(ScriptedSource(make_snapshots(N, gpus=gpus), hold=True),
+                           parse_slos(SLO))
     app = TokentopApp(source, theme=theme, refresh=0.05, slo=SLO)
     assert snap_compare(app, terminal_size=size, run_before=_final_snapshot_drawn)

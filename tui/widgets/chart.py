@@ -10,10 +10,9 @@ from collections.abc import Callable
 
 from textual.widgets import Static
 
-from tui.format import block_rows, fmt_si, nice_max, sparkline, tidy
+from tui.format import MUTED, block_rows, fmt_si, nice_max, sparkline, tidy
 from tui.history import History
 
-MUTED = "$foreground-muted"
 AXIS_W = 5  # "1.2k" + the axis tick
 TALL_ROWS_AT = 52
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections import deque
 
 from loadgen.model.snapshot import Event
-from tui.format import fmt_clock, literal
+from tui.format import MUTED, fmt_clock, literal
 from tui.widgets.panel import Panel, View
 
-MUTED = "$foreground-muted"
 KEEP = 500
 LEVEL_STYLE = {"error": "$error", "warn": "$warning", "info": "$foreground"}
 KIND_STYLE = {"recovery": "$success", "outage": "b $error", "operator": "$accent"}

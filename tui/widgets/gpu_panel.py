@@ -4,14 +4,13 @@ or why there are none; tokens per joule in the title."""
 from __future__ import annotations
 
 from loadgen.model.snapshot import GpuSample, GpuStatus
-from tui.format import NA, fmt_bytes_pair, fmt_pct, literal
+from probes.throttle import BENIGN_REASONS
+from tui.format import MUTED, NA, fmt_bytes_pair, fmt_pct, literal
 from tui.widgets.panel import Panel, View
 
-MUTED = "$foreground-muted"
 HOT_C = 85.0  # where most datacentre GPUs start to throttle
 MEM_FULL = 0.95
 # clock-event reasons that are not a slowdown worth a warning
-BENIGN_REASONS = {"idle", "applications clocks setting", "display clocks setting", "sync boost"}
 
 
 def short_name(name: str, width: int) -> str:
@@ -125,7 +124,7 @@ class GpuPanel(Panel):
         two = self._tall() and len(view.snap.gpu.gpus) <= 4
         all_sim, lines = gpu_lines(view.snap.gpu, width, two)
         title = f"{self.TITLE} · simulated" if all_sim else self.TITLE
-        tpj = view.derived.get("tok_per_j")
-        if isinstance(tpj, float):
-            title += f" · {tpj:.2f} tok/J"
+        eff = view.snap.efficiency
+        if eff is not None and eff.tokens_per_joule is not None:
+            title += f" · {eff.tokens_per_joule:.2f} tok/J"
         return title, "\n".join(lines)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
+from loadgen.model.kinds import SourceKind
 from loadgen.model.snapshot import Snapshot
-from tui.format import fmt_elapsed, literal, tidy
+from tui.format import MUTED, fmt_elapsed, literal, tidy
 
-MUTED = "$foreground-muted"
 STATE_COLOURS = {
     "running": "$success",
     "starting": "$primary",
@@ -40,6 +40,7 @@ def header_markup(
     ended: bool,
     error: str | None,
     outage: bool = False,
+    source_kind: SourceKind = "live",
 ) -> str:
     """State first: on a narrow terminal the URL is what gets cut, not the run state."""
     state = "error" if error and snap is None else "stopped" if ended else None
@@ -53,8 +54,7 @@ def header_markup(
         engine = snap.server.engine if snap.server is not None and snap.server.engine else None
         eng = f"  [{MUTED}]engine[/] {literal(engine)}" if engine else ""
         # a replay or a fleet agent says so first: nobody should take it for a live run here
-        source = description.split(None, 1)[0].rstrip(":") if description else ""
-        tag = f"[b $accent]{literal(source)}[/]  " if source in ("replay", "fleet") else ""
+        tag = f"[b $accent]{source_kind}[/]  " if source_kind != "live" else ""
         line = (
             f"[b]tokentop[/]  {tag}{state_badge(run_state)}"
             f"  {fmt_elapsed(snap.elapsed)}  [{MUTED}]{literal(load_mode(snap))}[/]{warm}{sim}"
@@ -90,10 +90,10 @@ class HeaderBar(Static):
         ended: bool = False,
         error: str | None = None,
         outage: bool = False,
+        source_kind: SourceKind = "live",
     ) -> None:
-        markup = header_markup(
-            snap, description=description, ended=ended, error=error, outage=outage
-        )
+        markup = header_markup(snap, description=description, ended=ended, error=error,
+                               outage=outage, source_kind=source_kind)
         if markup != self._markup:
             self._markup = markup
             self.update(tidy(markup))

@@ -5,10 +5,18 @@ from __future__ import annotations
 
 from loadgen.model.snapshot import ClientSample, HostSample, ProcessSample, ServerMetrics
 from loadgen.model.windows import WindowStats
-from tui.format import fmt_bytes, fmt_bytes_pair, fmt_count, fmt_ms, fmt_num, fmt_pct, literal
+from tui.format import (
+    MUTED,
+    fmt_bytes,
+    fmt_bytes_pair,
+    fmt_count,
+    fmt_ms,
+    fmt_num,
+    fmt_pct,
+    literal,
+)
 from tui.widgets.panel import Panel, View
 
-MUTED = "$foreground-muted"
 LAG_WARN_MS = 5.0  # a lag this long shows up in measured ITL
 CPU_WARN_PER_WORKER = 90.0  # one worker near a full core queues its own chunks
 RSS_GROWTH_WARN_MB_H = 100.0

@@ -10,13 +10,12 @@ from __future__ import annotations
 from textual.app import ComposeResult
 
 from loadgen.model.hdr import Summary
+from loadgen.model.slo import Slos, holds
 from loadgen.model.windows import WindowStats
-from loadgen.run.config import Slos
-from tui.format import NO_SAMPLES, fmt_ms
+from tui.format import MUTED, NO_SAMPLES, fmt_ms
 from tui.widgets.chart import Chart
 from tui.widgets.panel import Panel, View
 
-MUTED = "$foreground-muted"
 ROWS = (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2E"))
 COLS = (("p50", "P50"), ("p90", "P90"), ("p99", "P99"), ("p99.9", "P99.9"), ("max", "max"))
 # with room to spare, the mean and the sample count join in
@@ -42,17 +41,12 @@ def slo_limit(slos: Slos | None, metric: str, stat: str) -> tuple[str, float] | 
     return None
 
 
-def _passes(op: str, value: float, limit: float) -> bool:
-    return {"<": value < limit, "<=": value <= limit, ">": value > limit,
-            ">=": value >= limit}[op]
-
-
 def cell(summary: Summary | None, metric: str, key: str, slos: Slos | None) -> str:
     value = summary.get(key) if summary else None
     text = fmt_ms(value, missing=NO_SAMPLES).rjust(COL_W)
     limit = slo_limit(slos, metric, key)
     if limit is not None and value is not None:
-        colour = "$success" if _passes(limit[0], value, limit[1]) else "$error"
+        colour = "$success" if holds(value, limit[0], limit[1]) else "$error"
         return f"[b {colour}]{text}[/]" if key == "p99" else f"[{colour}]{text}[/]"
     # P99 is what an SLO usually names: make it the column the eye lands on
     return f"[b]{text}[/]" if key == "p99" and value is not None else text

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from loadgen.model.snapshot import ServerMetrics, Snapshot
 from loadgen.model.windows import WindowStats
-from tui.format import NA, fmt_count, fmt_num, fmt_rate, literal
+from tui.format import MUTED, NA, fmt_count, fmt_num, fmt_rate, literal
 from tui.widgets.chart import spark_markup
 from tui.widgets.panel import Panel, View
-
-MUTED = "$foreground-muted"
-# the error kinds that mean "the server is not answering", for the outage rule
-OUTAGE_KINDS = ("connect", "stream_broken")
 
 
 def lbl(text: str) -> str:

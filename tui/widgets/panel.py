@@ -11,7 +11,7 @@ redraw on their own schedule (when a chart column completes), not every tick.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
@@ -24,13 +24,13 @@ from loadgen.model.windows import WindowStats
 from tui.format import tidy
 
 if TYPE_CHECKING:
-    from loadgen.run.config import Slos
+    from loadgen.model.slo import Slos
     from tui.history import History
 
 
 @dataclass(frozen=True)
 class View:
-    """What one refresh shows: the newest Snapshot, its windows, and what the app derived."""
+    """What one refresh shows: the newest Snapshot and its windows."""
 
     snap: Snapshot
     stats: Mapping[str, WindowStats]
@@ -38,7 +38,6 @@ class View:
     history: History | None = None
     slos: Slos | None = None
     outage: bool = False
-    derived: Mapping[str, object] = field(default_factory=dict)
 
 
 class Line(Static):

@@ -8,11 +8,10 @@ from textual.app import ComposeResult
 
 from loadgen.model.snapshot import Counters
 from loadgen.model.windows import WindowStats
-from tui.format import fmt_count, fmt_rate
+from tui.format import MUTED, fmt_count, fmt_rate
 from tui.widgets.chart import Chart
 from tui.widgets.panel import Panel, View
 
-MUTED = "$foreground-muted"
 LABEL_W = 10
 COL_W = 9
 EST = " [$warning]est.[/]"

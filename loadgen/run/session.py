@@ -1,0 +1,247 @@
+"""The one run loop: from a RunConfig to an exit code, for every front end.
+
+The console's run process, `tokentop run --headless`, `tokentop agent`, each
+sweep and each calibration go through a Session, so resume, recording and its
+stop policy, the derived events (loadgen.run.watch), publishing, the summary and
+the exit code are wired once and agree everywhere:
+
+    session = Session(cfg, secrets, sinks=[ProgressLines(say)], say=say)
+    code = await session.run()                 # start, every tick, finish
+
+or, to steer the run while it goes (sweep, calibrate):
+
+    await session.start()
+    async for snap in session.snapshots():
+        await session.control(Control(op="set_concurrency", value=8))
+    outcome = await session.finish()
+
+Per tick, in this order: the coordinator builds the Snapshot; the windows take
+it (warm-up excluded there); the watch adds SLO, GPU and efficiency facts; the
+recorder writes it (a failure adds its event and, under --on-disk-full=stop,
+stops the load and makes the exit code 4); then every sink sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from loadgen.fleet.remote import LoadNow
+from loadgen.model.snapshot import Control, Snapshot, SnapshotVersionError
+from loadgen.model.windows import SnapshotWindows
+from loadgen.record.recorder import Recording, RecordingError
+from loadgen.record.rundir import iter_snapshots
+from loadgen.run.config import ConfigError, RunConfig
+from loadgen.run.coordinator import Coordinator
+from loadgen.run.preflight import TargetError
+from loadgen.run.resume import resumed
+from loadgen.run.secrets import Secrets
+from loadgen.run.sinks import Publish, Sink, SinkError
+from loadgen.run.summary import (
+    EXIT_UNUSABLE,
+    build_summary,
+    exit_status,
+    thresholds,
+    write_json,
+)
+from loadgen.run.watch import Watch
+
+log = logging.getLogger("tokentop.session")
+
+Say = Callable[[str], None]
+
+
+class SessionError(Exception):
+    """The run cannot start; str(e) is the message for the user (exit code 2)."""
+
+
+@dataclass
+class Outcome:
+    code: int
+    reason: str
+    summary: dict = field(default_factory=dict)
+
+
+def _log_say(message: str) -> None:
+    log.info("%s", message)
+
+
+class Session:
+    """One run. `start()`, iterate `snapshots()` to the end, `finish()`; or just `run()`."""
+
+    def __init__(self, cfg: RunConfig, secrets: Secrets | None = None, *,
+                 sinks: Sequence[Sink] = (), record: bool = True,
+                 json_path: Path | None = None, say: Say | None = None) -> None:
+        self.cfg = cfg
+        self.secrets = secrets or Secrets()
+        self.sinks: list[Sink] = list(sinks)
+        self.record = record
+        self.json_path = json_path
+        self.say = say or _log_say
+        self.windows = SnapshotWindows()
+        self.coord: Coordinator | None = None
+        self.recording: Recording | None = None
+        self.watch: Watch | None = None
+        self.publish: Publish | None = None  # cfg.publish: the MQTT sink
+        self._recording_failed: str | None = None
+        self._started_sinks: list[Sink] = []
+        self._finished: Outcome | None = None
+
+    @property
+    def run_id(self) -> str:
+        assert self.coord is not None
+        return self.coord.run_id
+
+    # ---- start ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Resume or create the run directory, reach the target, start the load and the
+        sinks. Raises SessionError (in words) and leaves nothing running when it does."""
+        try:
+            self._prepare()
+        except (ConfigError, RecordingError, SnapshotVersionError, SinkError) as e:
+            raise SessionError(str(e)) from None
+        assert self.coord is not None and self.recording is not None
+        try:
+            await self.coord.start()
+        except (TargetError, ConfigError) as e:
+            self.recording.discard({"error": str(e)})
+            raise SessionError(str(e)) from None
+        if self.recording.run_dir is not None:
+            verb = "resuming" if self.cfg.resume else "recording to"
+            self.say(f"tokentop: {verb} {self.recording.run_dir}")
+        self.watch = Watch(self.coord.parsed.slos)
+        try:
+            await self._start_sinks()
+        except SinkError as e:
+            await self.coord.close()
+            self.recording.discard({"error": str(e)})
+            await self._close_sinks()
+            raise SessionError(str(e)) from None
+
+    def _prepare(self) -> None:
+        resume = None
+        if self.cfg.resume:
+            self.cfg, resume = resumed(self.cfg)
+            # the summary covers the whole run: what was recorded before the gap first
+            for old in iter_snapshots(self.cfg.resume,
+                                      warn=lambda m: self.say(f"tokentop: warning: {m}")):
+                self.windows.add(old)
+        cfg = self.cfg
+        if cfg.publish is not None:  # its settings are checked before anything is created
+            self.publish = Publish(cfg.publish, self.secrets.mqtt_password, self.say)
+            self.sinks.insert(0, self.publish)
+        self.coord = Coordinator(cfg, self.secrets, resume=resume)
+        self.recording = Recording.open(
+            config=msgspec.to_builtins(cfg), run_id=self.coord.run_id, out=cfg.out,
+            resume=cfg.resume, on_disk_full=cfg.on_disk_full, record=self.record)
+
+    async def _start_sinks(self) -> None:
+        for sink in self.sinks:
+            await sink.start(self)
+            self._started_sinks.append(sink)
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    async def snapshots(self) -> AsyncIterator[Snapshot]:
+        """Every tick's Snapshot, after the windows, the watch, the recorder and the sinks
+        took it; ends when the run has stopped and drained."""
+        assert self.coord is not None and self.recording is not None and self.watch
+        async for snap in self.coord.snapshots():
+            self.windows.add(snap)
+            self.watch.observe(snap, self.windows)
+            self.recording.take(snap)
+            if self.recording.stop_load and self._recording_failed is None:
+                self._recording_failed = self.recording.error or "recording failed"
+                self.coord.request_stop("recording failed")
+            for sink in self._started_sinks:
+                sink.take(snap, self.windows)
+            yield snap
+
+    async def control(self, msg: Control) -> None:
+        if self.coord is not None:
+            await self.coord.control(msg)
+
+    def request_stop(self, reason: str | None = None) -> None:
+        if self.coord is not None:
+            self.coord.request_stop(reason)
+
+    def load_now(self) -> LoadNow:
+        """The load as it is set now (for remote control's limits)."""
+        assert self.coord is not None
+        spec = self.coord.spec
+        return LoadNow(mode=spec.mode, concurrency=spec.concurrency, rate=spec.rate,
+                       state=self.coord.state)
+
+    # ---- finish --------------------------------------------------------------------------
+
+    async def finish(self) -> Outcome:
+        """Stop what still runs, then the summary, the exit code, the recording's close, the
+        --json file and the sinks. Safe to call more than once."""
+        if self._finished is not None:
+            return self._finished
+        assert self.coord is not None and self.recording is not None
+        await self.coord.close()
+        summary = build_summary(self.cfg, self.windows)
+        summary["run_dir"] = str(self.recording.run_dir) if self.recording.run_dir else None
+        summary["recording_error"] = self.recording.error
+        summary["thresholds"] = thresholds(self.cfg, self.windows)
+        for sink in self._started_sinks:
+            sink.finish(summary)
+        code, reason = exit_status(summary, self._recording_failed)
+        summary["exit"] = {"code": code, "reason": reason}
+        close_error = self.recording.close(summary)
+        if close_error:
+            self.say(f"tokentop: {close_error}")
+        if self.json_path is not None:
+            try:
+                write_json(self.json_path, summary)
+            except OSError as e:
+                self.say(f"tokentop: cannot write {self.json_path}: {e.strerror or e}")
+                code = code or 1
+        await self._close_sinks()
+        self._finished = Outcome(code, reason, summary)
+        return self._finished
+
+    async def _close_sinks(self) -> None:
+        for sink in self._started_sinks:
+            try:
+                await sink.close()
+            except Exception:  # one sink's trouble must not keep the others open
+                log.exception("closing a sink failed")
+        self._started_sinks = []
+
+    async def run(self) -> int:
+        """start → every tick → finish; the reason is said last. Returns the exit code."""
+        try:
+            await self.start()
+        except SessionError as e:
+            self.say(f"tokentop: {e}")
+            return EXIT_UNUSABLE
+        try:
+            async for _ in self.snapshots():
+                pass
+        finally:
+            outcome = await self.finish()
+        self.say(f"tokentop: {outcome.reason}")
+        return outcome.code
+
+
+def stop_on_signals(session: Session, say: Say) -> None:
+    """Ctrl-C / SIGTERM stop the load in order (in-flight requests drain), never abruptly."""
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        say("tokentop: stopping, letting in-flight requests finish…")
+        session.request_stop("stopped by a signal")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop)

@@ -1,0 +1,143 @@
+"""Where a session's Snapshots go besides the recording: progress lines and MQTT.
+
+A sink is told when the run has started, sees every Snapshot (after the watch
+and the recorder, so it sees the same events they do), may add its own part
+to the summary, and is closed last. The console's pipe is a sink too
+(loadgen.run.run_process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from loadgen.fleet.link import BrokerError, BrokerSettings, parse_broker_url
+from loadgen.fleet.publisher import TelemetryPublisher
+from loadgen.fleet.remote import RemoteCaps, RemoteControl
+from loadgen.model.snapshot import Snapshot
+from loadgen.model.windows import SnapshotWindows
+from loadgen.run.config import PublishTo
+from loadgen.run.summary import progress_line
+
+if TYPE_CHECKING:
+    from loadgen.run.session import Session
+
+Say = Callable[[str], None]
+
+
+class Sink(Protocol):
+    async def start(self, session: Session) -> None:
+        """The target answered and the load is starting; raise SinkError to refuse."""
+
+    def take(self, snap: Snapshot, windows: SnapshotWindows) -> None:
+        """One tick; must not block (the next tick is due)."""
+
+    def finish(self, summary: dict) -> None:
+        """The run is over: add this sink's part to the summary, if it has one."""
+
+    async def close(self) -> None:
+        """Release everything."""
+
+
+class SinkError(Exception):
+    """A sink cannot start; str(e) is the message for the user."""
+
+
+class ProgressLines:
+    """A line a second on stderr (and every warning or error event as it happens)."""
+
+    def __init__(self, say: Say) -> None:
+        self.say = say
+        self.suffix: Callable[[], str] | None = None
+        self._last_second = -1
+
+    async def start(self, session: Session) -> None:
+        if session.publish is not None:  # an agent's line says how MQTT is doing
+            self.suffix = session.publish.status_text
+
+    def take(self, snap: Snapshot, windows: SnapshotWindows) -> None:
+        for ev in snap.events:
+            if ev.level != "info":
+                self.say(f"tokentop: {ev.level}: {ev.message}")
+        if int(snap.elapsed) > self._last_second or snap.load.state == "stopped":
+            self._last_second = int(snap.elapsed)
+            line = progress_line(snap, windows.stats("10s"))
+            self.say(f"{line} | {self.suffix()}" if self.suffix else line)
+
+    def finish(self, summary: dict) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+def broker_settings(p: PublishTo, password: str | None) -> BrokerSettings:
+    """The broker of `p`, with the password that travelled apart from it."""
+    settings = parse_broker_url(p.broker)
+    settings.password = password
+    settings.ca_file, settings.cert_file, settings.key_file = p.ca_file, p.cert_file, p.key_file
+    settings.keepalive = p.keepalive
+    return settings
+
+
+class Publish:
+    """Every Snapshot to `tokentop/<fleet>/<name>/` (loadgen.fleet.publisher), with remote
+    control when the agent allows it."""
+
+    def __init__(self, p: PublishTo, password: str | None, say: Say) -> None:
+        self.p = p
+        self.say = say
+        try:
+            self.settings = broker_settings(p, password)
+        except BrokerError as e:
+            raise SinkError(str(e)) from None
+        self.publisher: TelemetryPublisher | None = None
+
+    async def start(self, session: Session) -> None:
+        p = self.p
+        caps = RemoteCaps(p.max_concurrency, p.max_rate) if p.remote_control else None
+        remote = RemoteControl(agent=p.name, caps=caps, apply=session.control,
+                               load=session.load_now)
+        try:
+            self.publisher = TelemetryPublisher(
+                self.settings, fleet=p.fleet, agent=p.name, backlog=p.backlog,
+                remote_control=p.remote_control,
+                max_concurrency=p.max_concurrency if p.remote_control else None,
+                on_control=remote.handle, max_backoff=p.max_backoff,
+                on_state=self._on_state, run_id=session.run_id,
+            )
+        except BrokerError as e:
+            raise SinkError(str(e)) from None
+        remote.reply_to = self.publisher.reply
+        await self.publisher.start()
+
+    def _on_state(self, state: str, _error: str | None) -> None:
+        if state == "connected":
+            self.say(f"tokentop: publishing to {self.settings.display} as "
+                     f"{self.p.fleet}/{self.p.name}")
+
+    def take(self, snap: Snapshot, windows: SnapshotWindows) -> None:
+        if self.publisher is not None:
+            self.publisher.publish(snap)
+
+    def status_text(self) -> str:
+        """For the progress line: is the broker there, and what is held back."""
+        pub = self.publisher
+        if pub is None:
+            return "mqtt not started"
+        text = "mqtt ok" if pub.connected else f"mqtt down, backlog {pub.backlog}"
+        return text + (f", dropped {pub.dropped}" if pub.dropped else "")
+
+    def finish(self, summary: dict) -> None:
+        pub = self.publisher
+        if pub is None:
+            return
+        summary["mqtt"] = {"broker": self.settings.display, "fleet": self.p.fleet,
+                           "agent": self.p.name, "published": pub.published,
+                           "dropped": pub.dropped, "resent": pub.resent, "unsent": pub.backlog}
+
+    async def close(self) -> None:
+        if self.publisher is not None:
+            await self.publisher.close("stopped")
+            self.publisher = None
+

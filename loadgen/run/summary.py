@@ -1,0 +1,155 @@
+"""What a finished run says: the JSON summary, the exit code and reason, the progress line.
+
+One definition for every front end (headless, agent, the console's run process,
+sweep), so the same run gives the same summary and the same exit code wherever
+it ran. Exit codes: 0 the run completed requests (and passed every --slo
+threshold); 1 no request succeeded (every one failed, or none finished); 2 the
+target, the config or the run directory could not be used at all; 3 a --slo
+threshold failed; 4 recording failed and the load was stopped
+(--on-disk-full=stop, the default).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import msgspec
+
+from loadgen import __version__
+from loadgen.model.slo import evaluate_thresholds, parse_slos, rates_from
+from loadgen.model.snapshot import Snapshot
+from loadgen.model.windows import SnapshotWindows, WindowStats
+from loadgen.run.config import RunConfig
+
+SUMMARY_FORMAT = 1  # of the --json summary; tokentop compare reads it
+MS = 1e-3  # µs → ms
+
+EXIT_OK = 0
+EXIT_NOTHING_SUCCEEDED = 1
+EXIT_UNUSABLE = 2
+EXIT_THRESHOLD_FAILED = 3
+EXIT_RECORDING_FAILED = 4
+
+
+def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
+    """The run window (after warm-up) as the --json summary."""
+    run = windows.stats("run")
+    last = windows.last
+    latency = {
+        m: {k: (None if v is None else (v * MS if k != "count" else v)) for k, v in s.items()}
+        for m, s in run.latency.items()
+    }
+    return {
+        "format": SUMMARY_FORMAT,
+        "tokentop_version": __version__,
+        "run_id": last.run_id if last else None,
+        "target": msgspec.to_builtins(last.target) if last else None,
+        "config": msgspec.to_builtins(cfg),
+        "duration_s": round(run.seconds, 3),
+        "requests": {
+            "ok": run.requests_ok,
+            "failed": run.requests_failed,
+            "cancelled": run.requests_cancelled,
+            "errors": run.errors,
+        },
+        "tokens": {
+            "output": run.output_tokens,
+            "input": run.input_tokens,
+            "output_estimated": run.tokens_estimated,
+        },
+        "throughput": {
+            "output_tok_s": run.output_tok_s,
+            "input_tok_s": run.input_tok_s,
+            "req_s": run.req_s,
+            # requests/s within every --slo limit (None when no --slo was given)
+            "goodput_req_s": run.goodput_req_s if cfg.slo else None,
+            # what one user sees stream in: 1 / TPOT, so its median is 1 / median TPOT and
+            # its slow tail (p10) is 1 / TPOT's p90
+            "per_user_tok_s": _per_user(run.latency.get("tpot")),
+        },
+        "latency_ms": latency,
+        "server": msgspec.to_builtins(last.server) if last and last.server else None,
+        "finished_at": time.time(),
+    }
+
+
+def thresholds(cfg: RunConfig, windows: SnapshotWindows) -> list[dict]:
+    """The --slo whole-run thresholds judged on the run window (after warm-up)."""
+    slos = parse_slos(cfg.slo)
+    if not slos.thresholds:
+        return []
+    run = windows.stats("run")
+    good = (run.goodput_req_s or 0.0) * run.seconds
+    rates = rates_from(run.requests_ok, run.requests_failed, round(good), run.output_tokens,
+                       run.seconds)
+    return evaluate_thresholds(slos.thresholds, run.latency, rates)
+
+
+def _per_user(tpot: dict | None) -> dict[str, float | None]:
+    def inv(us: float | None) -> float | None:
+        return None if not us else 1e6 / us
+
+    return {"p50": inv((tpot or {}).get("p50")), "p10": inv((tpot or {}).get("p90"))}
+
+
+def exit_status(summary: dict, recording_failed: str | None = None) -> tuple[int, str]:
+    """The exit code and its one-line reason, from the summary (and a recording failure)."""
+    req = summary["requests"]
+    ok, failed = req["ok"], req["failed"]
+    if ok == 0 and failed > 0:
+        kinds = ", ".join(f"{n}× {k}" for k, n in sorted(req["errors"].items()))
+        return EXIT_NOTHING_SUCCEEDED, f"every request failed ({kinds})"
+    if ok == 0:
+        return EXIT_NOTHING_SUCCEEDED, "no request completed; run longer or check the server"
+    failing = [t for t in summary.get("thresholds") or [] if not t["passed"]]
+    if failing:
+        return EXIT_THRESHOLD_FAILED, "threshold failed: " + "; ".join(t["shown"] for t in failing)
+    if recording_failed:
+        return EXIT_RECORDING_FAILED, f"recording failed, load stopped: {recording_failed}"
+    tput = summary["throughput"]
+    return EXIT_OK, (
+        f"done: {ok} requests ok, {failed} failed, "
+        f"{tput['output_tok_s'] or 0:.0f} output tok/s over {summary['duration_s']:.1f} s"
+    )
+
+
+def write_json(path: Path, summary: dict) -> None:
+    """Atomically: a reader never sees half a summary."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2) + b"\n")
+    tmp.replace(path)
+
+
+# ---- the progress line ----------------------------------------------------------------------
+
+
+def _ms(us: float | None, digits: int = 1) -> str:
+    return "–" if us is None else f"{us * MS:.{digits}f}ms"
+
+
+def _num(x: float | None, digits: int = 0) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def progress_line(snap: Snapshot, w: WindowStats) -> str:
+    """One line a second on stderr: state, load, throughput, latency, errors, server queue."""
+    ld = snap.load
+    srv = snap.server
+    server = (
+        f"srv wait {_num(srv.waiting)} run {_num(srv.running)}"
+        if srv is not None and srv.ok
+        else "srv n/a"
+    )
+    ttft, itl = w.latency["ttft"], w.latency["itl"]
+    est = " est" if w.tokens_estimated else ""
+    c = snap.counters
+    load = f"c={ld.target_concurrency}" if ld.mode == "closed" else (
+        f"rate={ld.target_rate:g}/s backlog={ld.backlog}")
+    state = "warm-up" if ld.warmup and ld.state == "running" else ld.state
+    return (
+        f"[{snap.elapsed:6.0f}s] {state:<8} {load} inflight={ld.in_flight}"
+        f" | {_num(w.output_tok_s)} tok/s{est} {_num(w.req_s, 1)} req/s"
+        f" | TTFT p50 {_ms(ttft['p50'])} p99 {_ms(ttft['p99'])} | ITL p99 {_ms(itl['p99'], 2)}"
+        f" | ok {c.requests_ok} err {c.requests_failed} | {server}"
+    )

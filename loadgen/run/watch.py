@@ -1,0 +1,154 @@
+"""Facts the run derives from its own Snapshots: SLO breaches, GPU throttling, tokens/J.
+
+They are derived once, in the run (loadgen.run.session), before any sink sees the
+Snapshot, so a headless run, an agent, the console, the recording, its replay
+and its report all carry the same events. `WatchedSource` applies a Watch to a
+source that was recorded without one (or with other SLOs): `tokentop replay --slo`.
+
+* SLO breach / recovery: each whole-run latency threshold of `--slo`
+  (`ttft_p99<1s`) judged on the last 10 s, once a second; an event when it starts
+  failing ("slo", warn) and when it holds again ("slo", info).
+* GPU throttling: an event when a GPU's clocks start being held back for a reason
+  that matters (power cap, thermal, …; not idle) and when that ends.
+* Tokens per joule: output tokens over GPU energy across the last ~10 s, put in
+  `Snapshot.efficiency`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import AsyncIterator
+
+from loadgen.model.slo import Slos
+from loadgen.model.snapshot import Control, Efficiency, Event, Snapshot
+from loadgen.model.source import SnapshotSource
+from loadgen.model.windows import SnapshotWindows
+from probes.throttle import BENIGN_REASONS
+
+SLO_WINDOW = "10s"  # the window live SLO checks judge
+ENERGY_WINDOW_S = 10.0  # tokens per joule over about this long
+
+
+class Watch:
+    """Feed it every Snapshot in order (with the windows that already hold it)."""
+
+    def __init__(self, slos: Slos | None = None) -> None:
+        self.thresholds = [th for th in (slos.thresholds if slos else []) if th.stat is not None]
+        self._failing: set[str] = set()
+        self._last_second: int | None = None
+        self._throttled: dict[int, frozenset[str]] = {}
+        self._energy: deque[tuple[float, float, int]] = deque()
+
+    def observe(self, snap: Snapshot, windows: SnapshotWindows) -> None:
+        """Add this tick's derived events to `snap.events` and its efficiency."""
+        self._efficiency(snap)
+        self._throttle(snap)
+        second = int(snap.elapsed)
+        if second != self._last_second:  # once a second is enough for a 10 s window
+            self._last_second = second
+            self._slo(snap, windows)
+
+    def reset(self) -> None:
+        """The stream went back in time (a replay sought backwards): start over."""
+        self._failing.clear()
+        self._last_second = None
+        self._throttled.clear()
+        self._energy.clear()
+
+    # ---- SLO thresholds --------------------------------------------------------------------
+
+    def _slo(self, snap: Snapshot, windows: SnapshotWindows) -> None:
+        if not self.thresholds or snap.load.warmup:
+            return
+        stats = windows.stats(SLO_WINDOW, {th.metric for th in self.thresholds})
+        for th in self.thresholds:
+            stat = th.stat or ""
+            value = (stats.latency.get(th.metric) or {}).get(stat)
+            if value is None:
+                continue  # nothing finished in the window: no verdict either way
+            if not th.passes(value) and th.text not in self._failing:
+                self._failing.add(th.text)
+                snap.events.append(Event(
+                    t=snap.t, kind="slo", level="warn",
+                    message=f"SLO breach: {th.text} ({stat.upper()} {_ms(value)}, last 10 s)"))
+            elif th.passes(value) and th.text in self._failing:
+                self._failing.discard(th.text)
+                snap.events.append(Event(
+                    t=snap.t, kind="slo",
+                    message=f"SLO met again: {th.text} ({stat.upper()} {_ms(value)}, last 10 s)"))
+
+    # ---- GPUs ------------------------------------------------------------------------------
+
+    def _throttle(self, snap: Snapshot) -> None:
+        for g in snap.gpu.gpus:
+            if g.throttle_reasons is None:
+                continue
+            bad = frozenset(r for r in g.throttle_reasons if r not in BENIGN_REASONS)
+            before = self._throttled.get(g.index, frozenset())
+            if bad == before:
+                continue
+            self._throttled[g.index] = bad
+            if bad:
+                snap.events.append(Event(t=snap.t, kind="gpu", level="warn",
+                                         message=f"GPU {g.index} throttled: "
+                                         f"{', '.join(sorted(bad))}"))
+            else:
+                snap.events.append(Event(t=snap.t, kind="gpu",
+                                         message=f"GPU {g.index} clocks no longer held back"))
+
+    def _efficiency(self, snap: Snapshot) -> None:
+        energy = [g.energy_j for g in snap.gpu.gpus if g.energy_j is not None and not g.lost]
+        if not energy:
+            return
+        self._energy.append((snap.t, sum(energy), snap.counters.output_tokens))
+        while len(self._energy) > 2 and self._energy[1][0] <= snap.t - ENERGY_WINDOW_S:
+            self._energy.popleft()
+        (_, e0, n0), (_, e1, n1) = self._energy[0], self._energy[-1]
+        if e1 > e0:
+            snap.efficiency = Efficiency(tokens_per_joule=(n1 - n0) / (e1 - e0))
+
+
+def _ms(us: float) -> str:
+    """About three significant figures, as the console shows latencies: 4.21 ms, 389 ms."""
+    ms = us / 1000.0
+    if ms >= 1000:
+        return f"{ms / 1000:.2f} s"
+    return f"{ms:.{2 if ms < 10 else 1 if ms < 100 else 0}f} ms"
+
+
+class WatchedSource:
+    """Any SnapshotSource, judged by a Watch of its own: its recorded SLO events are
+    replaced by this Watch's verdicts (the SLOs given now), everything else passes through."""
+
+    def __init__(self, source: SnapshotSource, slos: Slos) -> None:
+        self.source = source
+        self.watch = Watch(slos)
+        self._windows = SnapshotWindows()
+
+    @property
+    def description(self) -> str:
+        return self.source.description
+
+    @property
+    def kind(self) -> str:
+        return getattr(self.source, "kind", "live")
+
+    async def start(self) -> None:
+        await self.source.start()
+
+    async def snapshots(self) -> AsyncIterator[Snapshot]:
+        async for snap in self.source.snapshots():
+            last = self._windows.last
+            if last is not None and snap.seq < last.seq:
+                self._windows = SnapshotWindows()
+                self.watch.reset()
+            snap.events = [e for e in snap.events if e.kind != "slo"]
+            self._windows.add(snap)
+            self.watch.observe(snap, self._windows)
+            yield snap
+
+    async def control(self, msg: Control) -> None:
+        await self.source.control(msg)
+
+    async def close(self) -> None:
+        await self.source.close()

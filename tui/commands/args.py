@@ -1,0 +1,329 @@
+"""What several commands take: the run's arguments, the broker's, typed value parsers.
+
+Everything here turns text from the command line into typed values once, at the
+edge; nothing under loadgen/ or probes/ sees a flag or a namespace. Bad input is
+one line on stderr and exit code 2, never a traceback: the value parsers raise
+`argparse.ArgumentTypeError` (argparse words it), and what can only be checked
+after parsing goes through `fail`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+from loadgen.fleet.link import DEFAULT_FLEET, DEFAULT_KEEPALIVE, PASSWORD_ENV
+
+if TYPE_CHECKING:
+    from loadgen.fleet.link import BrokerSettings
+    from loadgen.run.config import RunConfig
+    from loadgen.run.secrets import Secrets
+
+METRICS_TOKEN_ENV = "TOKENTOP_METRICS_TOKEN"  # the default of --metrics-token-file
+API_KEY_ENV = "OPENAI_API_KEY"  # the default of --api-key-file
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line that says what to do."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def fail(message: str, prog: str = "tokentop") -> NoReturn:
+    """Bad input found after parsing: one line, exit code 2."""
+    print(f"{prog}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+# ---- typed values ---------------------------------------------------------------------------
+
+
+def whole(minimum: int):
+    """An int of at least `minimum` (streams, workers, a pid)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def positive(kind: type):
+    """A number of `kind` above 0 (caps, backlogs, backoffs)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+        return value
+
+    return parse
+
+
+def seconds(text: str) -> float:
+    """Seconds above 0, with or without a trailing `s` (20, 0.5, 20s)."""
+    try:
+        value = float(text.rstrip("s"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, e.g. 20 or 0.5, got {text!r}") \
+            from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A fraction between 0 and 1, or a percentage (0.05, 5%)."""
+    try:
+        value = float(text.rstrip("%")) / (100.0 if text.endswith("%") else 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction like 0.05 or 5%, got {text!r}") \
+            from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def rate(text: str) -> float:
+    """Requests per second, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected requests per second, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+    return value
+
+
+# ---- the run's arguments (console, run, sweep, agent) --------------------------------------
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """Everything a run takes; the dests are RunConfig's field names (see run_config)."""
+    _add_target_arguments(p)
+    _add_load_arguments(p)
+    _add_workload_arguments(p)
+    _add_limit_arguments(p)
+
+
+def _add_target_arguments(p: argparse.ArgumentParser) -> None:
+    t = p.add_argument_group("target")
+    t.add_argument("--url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
+                   "(default: start the embedded simulator)")
+    t.add_argument("--model", help="model name (default: the server's first model)")
+    t.add_argument("--api", choices=("chat", "completions"), default="chat")
+    t.add_argument("--api-key-file", type=Path,
+                   help="file holding the API key (default: $OPENAI_API_KEY); never on the "
+                   "command line, so it stays out of shell history and `ps`")
+    t.add_argument("--metrics-url", help="the server's Prometheus /metrics, when not at URL root")
+    t.add_argument("--metrics-token-file", type=Path,
+                   help="file holding a bearer token for --metrics-url (default: "
+                   "$TOKENTOP_METRICS_TOKEN, else the API key when /metrics is on the same host)")
+    t.add_argument("--sim-profile", help="embedded simulator: a named deployment "
+                   "(see tokentop sim --help)")
+    t.add_argument("--sim-arg", action="append", default=[], metavar="FLAG",
+                   help="embedded simulator: one more flag, e.g. --sim-arg=--slots=16 "
+                   "(repeatable)")
+    t.add_argument("--server-pid", type=whole(1),
+                   help="the server's process id (default: found by the URL's port or by name)")
+    t.add_argument("--server-name", help="find the server's process by this name")
+    t.add_argument("--client", choices=("raw", "openai"), default="raw",
+                   help="raw: tokentop's own fast HTTP client (default); openai: the official "
+                   "SDK, to see what SDK-based applications see")
+
+
+def _add_load_arguments(p: argparse.ArgumentParser) -> None:
+    w = p.add_argument_group("load")
+    w.add_argument("--mode", choices=("closed", "open"), default="closed",
+                   help="closed: N concurrent streams; open: a request rate")
+    w.add_argument("-c", "--concurrency", type=whole(0), default=8, help="concurrent streams")
+    w.add_argument("--rate", type=rate, default=1.0, help="open loop: requests per second")
+    w.add_argument("--arrival", choices=("constant", "poisson", "gamma"), default="poisson",
+                   help="open loop arrival process")
+    w.add_argument("--burstiness", type=seconds, default=1.0,
+                   help="gamma shape: < 1 burstier than Poisson, > 1 more regular")
+    w.add_argument("--max-in-flight", type=whole(1),
+                   help="open loop: cap on requests in flight; the rest wait in a backlog")
+    w.add_argument("--ramp", help="linear:FROM:TO:SECONDS or step:START:STEP:SECONDS[:MAX]")
+    w.add_argument("--auto-ramp", action="store_true",
+                   help="double the streams while the --slo holds, settle at the boundary")
+    w.add_argument("--auto-ramp-hold", type=seconds, default=10.0,
+                   help="measured seconds per auto-ramp step")
+
+
+def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    k = p.add_argument_group("workload")
+    k.add_argument("--input-tokens", default="128",
+                   help="prompt length: 128, uniform:64:256, normal:128:32, lognormal:128:0.5")
+    k.add_argument("--output-tokens", default="128", help="max_tokens, same forms")
+    k.add_argument("--shared-prefix", type=whole(0), default=0,
+                   help="words every prompt shares at the start (prefix-cache studies)")
+    k.add_argument("--prompts", dest="prompts_file",
+                   help="JSONL prompts ({\"prompt\": …} or ShareGPT conversations)")
+    k.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                   help="let the model stop early (default: ask for exactly max_tokens)")
+    k.add_argument("--no-continuous-usage", dest="continuous_usage", action="store_false",
+                   help="do not ask for usage on every chunk (for servers that reject it)")
+
+
+def _add_limit_arguments(p: argparse.ArgumentParser) -> None:
+    m = p.add_argument_group("limits and measurement")
+    m.add_argument("--duration", type=seconds, help="seconds of load after warm-up, then stop")
+    m.add_argument("--warmup", type=seconds, help="seconds of load excluded from the results")
+    m.add_argument("--requests", dest="max_requests", type=whole(1),
+                   help="stop after this many requests")
+    m.add_argument("--stop-error-rate", type=fraction,
+                   help="stop when errors over the last 10 s pass this fraction")
+    m.add_argument("--cancel-rate", type=fraction, default=0.0,
+                   help="fraction of requests the client abandons (users who leave)")
+    m.add_argument("--cancel-at", help="abandon after this many tokens (20) or seconds (1.5s)")
+    m.add_argument("--slo", help="per request (goodput): ttft<500ms,tpot<50ms,e2e<10s; whole run "
+                   "(pass/fail): ttft_p99<1s,error_rate<1%%,output_tok_s>500")
+    r = p.add_argument_group("recording")
+    r.add_argument("--out", help="run directory (default: a new one under "
+                   "~/.local/share/tokentop/runs)")
+    r.add_argument("--resume", help="continue the run recorded in this directory")
+    r.add_argument("--on-disk-full", choices=("stop", "continue"), default="stop",
+                   help="when recording fails: stop the load (default) or keep it running")
+    r.add_argument("--no-record", dest="record", action="store_false",
+                   help="do not record this run")
+    m.add_argument("--workers", type=whole(0), default=0,
+                   help="load worker processes (default: cores - 1, at least 1)")
+    m.add_argument("--request-timeout", type=seconds, default=600.0)
+    m.add_argument("--drain-grace", type=seconds, default=10.0,
+                   help="on stop, seconds in-flight requests may take before they are cancelled")
+    m.add_argument("--tick", type=seconds, default=0.5, help="seconds per Snapshot")
+    m.add_argument("--seed", type=int, default=0)
+
+
+def run_config(args: argparse.Namespace) -> RunConfig:
+    """The RunConfig of parsed run arguments, the embedded simulator's flags resolved to a
+    SimConfig here (once, by `tokentop sim`'s own parser); exits with one line when a value
+    cannot be used."""
+    from loadgen.run.config import ConfigError, RunConfig
+
+    fields = set(RunConfig.__struct_fields__) - {"sim_args", "sim_flags"}
+    values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    flags = _sim_flags(args)
+    cfg = RunConfig(**values, sim_args=_embedded_sim(flags), sim_flags=flags)
+    try:
+        cfg.parsed()
+    except ConfigError as e:
+        fail(str(e))
+    return cfg
+
+
+def _sim_flags(args: argparse.Namespace) -> list[str]:
+    """--sim-profile and every --sim-arg, as the user gave them (recorded with the run)."""
+    flags = list(getattr(args, "sim_arg", []) or [])
+    if getattr(args, "sim_profile", None):
+        flags = ["--profile", args.sim_profile, *flags]
+    if flags and args.url:
+        fail("--sim-profile and --sim-arg are for the embedded simulator; drop them with --url")
+    return flags
+
+
+def _embedded_sim(flags: list[str]):
+    """The embedded simulator's SimConfig (None: no flags, its defaults)."""
+    if not flags:
+        return None
+    from tui.commands.sim import embedded_sim_config
+
+    try:
+        return embedded_sim_config(flags)
+    except ValueError as e:
+        fail(f"--sim-profile / --sim-arg: {e} (see tokentop sim --help)")
+
+
+# ---- secrets: read here, from files or the environment, never from argv ---------------------
+
+
+def read_secret(path: Path, flag: str) -> str | None:
+    """A secret file's text (stripped; empty is none); one line and exit 2 if unreadable."""
+    try:
+        return path.read_text().strip() or None
+    except OSError as e:
+        fail(f"cannot read {flag} {path}: {e.strerror or e}")
+
+
+def api_key_from(args: argparse.Namespace) -> str | None:
+    """The API key: --api-key-file, else $OPENAI_API_KEY."""
+    if getattr(args, "api_key_file", None) is not None:
+        return read_secret(args.api_key_file, "--api-key-file")
+    return os.environ.get(API_KEY_ENV) or None
+
+
+def metrics_token_from(args: argparse.Namespace) -> str | None:
+    """A bearer token of its own for /metrics: --metrics-token-file, else
+    $TOKENTOP_METRICS_TOKEN (the API key is the run's fallback, on the same host only)."""
+    if getattr(args, "metrics_token_file", None) is not None:
+        return read_secret(args.metrics_token_file, "--metrics-token-file")
+    return os.environ.get(METRICS_TOKEN_ENV) or None
+
+
+def secrets_from(args: argparse.Namespace, *, mqtt_password: str | None = None) -> Secrets:
+    """Every secret the run needs, read once here; they travel apart from the RunConfig."""
+    from loadgen.run.secrets import Secrets
+
+    return Secrets(api_key=api_key_from(args), metrics_token=metrics_token_from(args),
+                   mqtt_password=mqtt_password)
+
+
+# ---- the MQTT broker (agent, fleet, the console's --publish) --------------------------------
+
+
+def add_broker_arguments(p: argparse.ArgumentParser, *, required: bool = True,
+                         url_flag: str = "--broker") -> None:
+    """Where the broker is and how to reach it; dest "broker" whatever the URL flag is."""
+    g = p.add_argument_group("MQTT broker")
+    g.add_argument(url_flag, dest="broker", required=required, metavar="URL",
+                   help="mqtt://[user@]host[:1883] or mqtts://[user@]host[:8883] (TLS)")
+    g.add_argument("--fleet", default=DEFAULT_FLEET,
+                   help=f"fleet name, the topic level after tokentop/ (default {DEFAULT_FLEET})")
+    g.add_argument("--mqtt-password-file", type=Path,
+                   help=f"file holding the broker password (default: ${PASSWORD_ENV}); never on "
+                   "the command line")
+    g.add_argument("--mqtt-ca-file", help="CA certificate(s) to verify an mqtts:// broker "
+                   "(default: the system's)")
+    g.add_argument("--mqtt-cert-file", help="client certificate for mqtts:// (mutual TLS)")
+    g.add_argument("--mqtt-key-file", help="client key for --mqtt-cert-file")
+    g.add_argument("--mqtt-keepalive", type=int, default=DEFAULT_KEEPALIVE, metavar="S",
+                   help="MQTT keepalive seconds; the broker declares us gone (last will) after "
+                   f"1.5× this (default {DEFAULT_KEEPALIVE})")
+
+
+def broker_password(path: Path | None) -> str | None:
+    """The broker password: --mqtt-password-file (its first line, exactly), else
+    $TOKENTOP_MQTT_PASSWORD. Raises BrokerError in words."""
+    from loadgen.fleet.link import BrokerError
+
+    if path is None:
+        return os.environ.get(PASSWORD_ENV) or None
+    try:
+        text = Path(path).read_text().rstrip("\r\n")
+    except OSError as e:
+        raise BrokerError(f"cannot read --mqtt-password-file {path}: {e.strerror or e}") from None
+    return text or None
+
+
+def broker_settings(args: argparse.Namespace) -> BrokerSettings:
+    """The broker of parsed broker arguments, checked now; raises BrokerError in words."""
+    from loadgen.fleet.link import BrokerSettings
+
+    return BrokerSettings.from_url(
+        args.broker, password=broker_password(args.mqtt_password_file),
+        ca_file=args.mqtt_ca_file, cert_file=args.mqtt_cert_file, key_file=args.mqtt_key_file,
+        keepalive=args.mqtt_keepalive,
+    )

@@ -1,0 +1,53 @@
+"""`tokentop calibrate`: measure tokentop's own timing error on this machine.
+
+The options are read into a CalibratePlan (loadgen/analysis/calibrate.py) here;
+bad steps are one line and exit 2 before the simulator starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tui.commands.args import Parser, fail
+
+
+def main(argv: list[str]) -> int:
+    p = Parser(prog="tokentop calibrate",
+               description="Measure tokentop's own timing error on this machine.")
+    add_calibrate_arguments(p)
+    plan = calibrate_plan(p.parse_args(argv))
+    return _calibrate(plan)
+
+
+def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", default="1,10,100,500,1000,2000",
+                   help="concurrent streams per step (default %(default)s)")
+    p.add_argument("--step-seconds", type=float, default=8.0, help="measured seconds per step")
+    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per step")
+    p.add_argument("--ttft-ms", type=float, default=50.0, help="the simulator's exact TTFT")
+    p.add_argument("--itl-ms", type=float, default=20.0, help="the simulator's exact gap")
+    p.add_argument("--output-tokens", type=int, default=64)
+    p.add_argument("--client", choices=("raw", "openai"), default="raw")
+    p.add_argument("--workers", type=int, default=0, help="load workers (default: cores - 1)")
+
+
+def calibrate_plan(args: argparse.Namespace):
+    """The CalibratePlan of parsed arguments; bad --steps is one line and exit 2."""
+    from loadgen.analysis.calibrate import CalibratePlan, parse_streams
+    from loadgen.run.config import ConfigError
+
+    try:
+        steps = parse_streams(args.steps)
+    except ConfigError as e:
+        fail(str(e), prog="tokentop calibrate")
+    return CalibratePlan(steps=steps, step_seconds=args.step_seconds, warmup=args.warmup,
+                         ttft_ms=args.ttft_ms, itl_ms=args.itl_ms,
+                         output_tokens=args.output_tokens, client=args.client,
+                         workers=args.workers)
+
+
+def _calibrate(plan) -> int:
+    from loadgen.analysis.calibrate import calibrate_main
+    from loadgen.worker import eventloop
+
+    return eventloop.run(lambda: calibrate_main(plan))

@@ -1,0 +1,114 @@
+"""`tokentop [options]` (the live console) and `tokentop run` (the same, or `--headless`).
+
+    tokentop [--url URL] [--model M] [-c N] …   the live console (embedded simulator without --url)
+    tokentop run --headless --duration S …     the same run without a screen
+
+The run itself is a RunConfig plus its Secrets; the two functions that start one
+(`_console`, `_headless`) are the only places here that know how.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from loadgen import __version__
+from tui.commands import COMMANDS
+from tui.commands.args import (
+    Parser,
+    add_broker_arguments,
+    add_run_arguments,
+    broker_settings,
+    fail,
+    run_config,
+    seconds,
+    secrets_from,
+)
+
+if TYPE_CHECKING:
+    from loadgen.run.config import PublishTo
+
+
+def console_parser(prog: str = "tokentop") -> argparse.ArgumentParser:
+    """The run's arguments, the console's own, and `--publish` (the broker's arguments)."""
+    p = Parser(prog=prog, description="Live console for LLM inference servers. "
+               f"Subcommands: {', '.join(COMMANDS)} (tokentop SUB --help).")
+    p.add_argument("--version", action="version", version=f"tokentop {__version__}")
+    add_run_arguments(p)
+    ui = p.add_argument_group("console")
+    ui.add_argument("--theme", help="tokentop-dark (default), tokentop-light, "
+                    "tokentop-high-contrast, tokentop-mono; `t` cycles them in the console "
+                    "and the choice is remembered in ~/.config/tokentop/config.toml")
+    ui.add_argument("--refresh", type=seconds, default=0.5, help="seconds between redraws")
+    add_broker_arguments(p, required=False, url_flag="--publish")
+    p.add_argument("--name", default=socket.gethostname(),
+                   help="this machine's name in the fleet (with --publish)")
+    return p
+
+
+def run_parser() -> argparse.ArgumentParser:
+    p = console_parser("tokentop run")
+    p.add_argument("--headless", action="store_true", help="no console: progress lines on stderr")
+    p.add_argument("--json", type=Path, help="write the final summary here (headless)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """`tokentop [options]`: the live console."""
+    return _console(console_parser().parse_args(argv))
+
+
+def run_main(argv: list[str]) -> int:
+    """`tokentop run [--headless] [options]`."""
+    args = run_parser().parse_args(argv)
+    return _headless(args) if args.headless else _console(args)
+
+
+def _publish_to(args: argparse.Namespace) -> tuple[PublishTo, str | None]:
+    """`--publish`: where the console's run also sends its Snapshots, and the broker password
+    (which travels with the Secrets, never in the RunConfig). The broker settings are
+    checked now, so a bad one is one clear line before anything starts."""
+    from loadgen.fleet.link import BrokerError, check_level
+    from loadgen.run.config import PublishTo
+
+    try:
+        settings = broker_settings(args)
+        check_level("fleet", args.fleet)
+        check_level("agent", args.name)
+    except BrokerError as e:
+        fail(str(e))
+    publish = PublishTo(broker=args.broker, fleet=args.fleet, name=args.name,
+                        keepalive=args.mqtt_keepalive, ca_file=args.mqtt_ca_file,
+                        cert_file=args.mqtt_cert_file, key_file=args.mqtt_key_file)
+    return publish, settings.password
+
+
+def _headless(args: argparse.Namespace) -> int:
+    from loadgen.run.headless import run_headless
+    from loadgen.worker import eventloop
+
+    if args.broker:
+        fail("--publish is for the console; a headless run that publishes is `tokentop agent`")
+    cfg = run_config(args)
+    secrets = secrets_from(args)
+    return eventloop.run(
+        lambda: run_headless(cfg, secrets, json_path=args.json, record=args.record)
+    )
+
+
+def _console(args: argparse.Namespace) -> int:
+    from loadgen.run.run_process import RunProcess
+    from tui.app import TokentopApp
+
+    if getattr(args, "json", None) is not None:
+        fail("--json is written by headless runs; add --headless")
+    cfg = run_config(args)
+    password = None
+    if args.broker:
+        cfg.publish, password = _publish_to(args)
+    source = RunProcess(cfg, secrets_from(args, mqtt_password=password), record=args.record)
+    app = TokentopApp(source, theme=args.theme, refresh=args.refresh, slo=args.slo)
+    app.run()
+    return app.return_code or 0

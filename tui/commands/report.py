@@ -1,0 +1,64 @@
+"""`tokentop report DIR`: a soak report of a run directory (loadgen/analysis/report.py).
+
+Exit codes: 0 report written (thresholds passed or none); 3 a threshold failed;
+2 not a readable run directory, a bad option, or the report cannot be written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tui.commands.args import Parser
+
+
+def main(argv: list[str]) -> int:
+    args = report_parser().parse_args(argv)
+    return _report(args)
+
+
+def report_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="tokentop report", description="A soak report of a run directory.")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--out-dir", type=Path, help="where to write (default: the run directory)")
+    p.add_argument("--slo", help="thresholds to judge (default: the run's own --slo)")
+    p.add_argument("--bucket", type=float, help="drift bucket, seconds (default: 3600 for "
+                   "soaks, shorter for short runs)")
+    p.add_argument("--tail-k", type=float, default=5.0,
+                   help="long tail: k × the run's median per-tick P99 (default 5)")
+    p.add_argument("--tail-ms", type=tail_limits_us,
+                   help="long tail: absolute limits, e.g. ttft=2000,itl=200")
+    p.add_argument("--no-plots", action="store_true")
+    return p
+
+
+def tail_limits_us(text: str) -> dict[str, float]:
+    """`--tail-ms ttft=2000,itl=200` as {metric: µs}."""
+    out = {}
+    for part in text.split(","):
+        metric, _, ms = part.partition("=")
+        try:
+            out[metric.strip()] = float(ms) * 1e3
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected metric=ms pairs, e.g. ttft=2000,itl=200, got {text!r}") from None
+    return out
+
+
+def _report(args: argparse.Namespace) -> int:
+    from loadgen.analysis.report import write_report
+    from loadgen.model.snapshot import SnapshotVersionError
+    from loadgen.record.rundir import RunDirError
+
+    try:
+        code, _ = write_report(
+            args.run_dir, out_dir=args.out_dir, slo=args.slo, plots=not args.no_plots,
+            bucket_s=args.bucket, tail_k=args.tail_k, tail_abs_us=args.tail_ms)
+    except (RunDirError, SnapshotVersionError, ValueError) as e:  # ValueError: a bad --slo
+        print(f"tokentop: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"tokentop: cannot write the report: {e.strerror or e}", file=sys.stderr)
+        return 2
+    return code
