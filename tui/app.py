@@ -21,7 +21,6 @@ from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
-import numpy as np
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
@@ -39,6 +38,7 @@ from tui.config import load_config, save_setting
 from tui.help_screen import HelpScreen
 from tui.history import SHOWN_METRICS, History
 from tui.screens import DETAIL_SCREENS, DetailScreen, InputModal
+from tui.view import View
 from tui.widgets import (
     EventsPanel,
     GpuPanel,
@@ -48,7 +48,6 @@ from tui.widgets import (
     LoadPanel,
     Panel,
     ThroughputPanel,
-    View,
 )
 from tui.widgets.latency_panel import WINDOW_NAMES
 
@@ -282,10 +281,6 @@ class TokentopApp(App[None]):
 
     # ---------------------------------------------------------- derived state
 
-    def window_dense(self, name: str) -> dict[str, np.ndarray]:
-        """The summed histograms of a window (for the distribution screen)."""
-        return self.windows.dense(name)
-
     def load_running(self) -> bool:
         snap = self.windows.last
         if snap is None or self.ended or self._source_closed:
@@ -313,6 +308,8 @@ class TokentopApp(App[None]):
                 view = View(
                     snap=snap, stats=stats, window=self.window, history=self.history,
                     slos=self.slos, outage=self.outage,
+                    dense=self.windows.dense(self.window),
+                    error_events=tuple(self.error_events),
                 )
             events = self.query_one(EventsPanel)
             if self._pending_events:
@@ -320,11 +317,9 @@ class TokentopApp(App[None]):
                 self._pending_events = []
             for header in screen.query(HeaderBar):
                 header.show(snap, description=self._description(), source_kind=self.source_kind,
-                            ended=self.ended,
-                            error=self.error, outage=self.outage)
+                            ended=self.ended, error=self.error, outage=self.outage)
             if isinstance(screen, DetailScreen):
-                screen.draw(self)
-                self._dirty_main = True
+                screen.draw(view)
             elif view is not None and screen is self.screen_stack[0]:
                 for panel in self.query(Panel):
                     panel.show(view)

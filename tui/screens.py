@@ -35,12 +35,12 @@ from tui.format import (
     literal,
     tidy,
 )
+from tui.view import View
 from tui.widgets.header_bar import HeaderBar
 from tui.widgets.latency_panel import ROWS, WINDOW_NAMES
 
 if TYPE_CHECKING:
     from tui.app import TokentopApp
-
 
 
 # ------------------------------------------------------------------------- input modal
@@ -165,8 +165,10 @@ class DetailScreen(Screen[None]):
         app: TokentopApp = self.app  # type: ignore[assignment]
         app.redraw_now()
 
-    def draw(self, app: TokentopApp) -> None:
-        markup = self.render_detail(app)
+    def draw(self, view: View | None) -> None:
+        """Redraw from the app's view of this refresh (None: no Snapshot yet)."""
+        markup = self.render_detail(view) if view is not None else \
+            f"[{MUTED}]waiting for the first Snapshot[/]"
         if markup != self._markup:
             self._markup = markup
             self.query_one("#detail-body", Static).update(tidy(markup))
@@ -175,7 +177,7 @@ class DetailScreen(Screen[None]):
     def plain(self) -> str:
         return str(self.query_one("#detail-body", Static).render())
 
-    def render_detail(self, app: TokentopApp) -> str:
+    def render_detail(self, view: View) -> str:
         raise NotImplementedError
 
     def action_back(self) -> None:
@@ -203,13 +205,13 @@ class DistributionScreen(DetailScreen):
     }
     """
 
-    def curves(self, app: TokentopApp) -> dict[str, list[int | None]]:
-        dense = app.window_dense(app.window)
+    def curves(self, view: View) -> dict[str, list[int | None]]:
+        dense = view.dense
         return {m: hdr.percentile_curve(dense[m], PERCENTILES) for m, _ in ROWS if m in dense}
 
-    def render_detail(self, app: TokentopApp) -> str:
-        curves = self.curves(app)
-        name = WINDOW_NAMES.get(app.window, app.window)
+    def render_detail(self, view: View) -> str:
+        curves = self.curves(view)
+        name = WINDOW_NAMES.get(view.window, view.window)
         header = f"{'':6}" + "".join(f"{x:>9}" for x in X_LABELS)
         lines = [f"[{MUTED}]window: {name} (w cycles) · values in the HDR way (3 digits)[/]",
                  f"[{MUTED}]{header}[/]"]
@@ -288,10 +290,8 @@ def gpu_detail(g: GpuSample) -> list[str]:
 class GpuScreen(DetailScreen):
     TITLE = "GPUs"
 
-    def render_detail(self, app: TokentopApp) -> str:
-        snap = app.windows.last
-        if snap is None:
-            return f"[{MUTED}]waiting for the first Snapshot[/]"
+    def render_detail(self, view: View) -> str:
+        snap = view.snap
         status = snap.gpu
         head = f"[{MUTED}]source[/] {literal(status.source)}"
         if status.driver:
@@ -341,10 +341,10 @@ def error_lines(snap: Snapshot | None, ten_errors: dict[str, int], ten_s: float,
 class ErrorsScreen(DetailScreen):
     TITLE = "Errors by kind"
 
-    def render_detail(self, app: TokentopApp) -> str:
-        ten = app.windows.stats("10s") if app.windows.last is not None else None
-        lines = error_lines(app.windows.last, ten.errors if ten else {},
-                            ten.seconds if ten else 0.0, app.error_events)
+    def render_detail(self, view: View) -> str:
+        ten = view.stats.get("10s")
+        lines = error_lines(view.snap, ten.errors if ten else {},
+                            ten.seconds if ten else 0.0, view.error_events)
         return "\n".join(lines)
 
 
@@ -360,8 +360,8 @@ def snapshot_text(snap: Snapshot | None) -> str:
 class SnapshotScreen(DetailScreen):
     TITLE = "The latest Snapshot"
 
-    def render_detail(self, app: TokentopApp) -> str:
-        return literal(snapshot_text(app.windows.last))
+    def render_detail(self, view: View) -> str:
+        return literal(snapshot_text(view.snap))
 
 
 DETAIL_SCREENS: dict[str, type[DetailScreen]] = {

@@ -7,7 +7,7 @@ from tui.widgets.header_bar import HeaderBar
 from tui.widgets.host_panel import HostPanel
 from tui.widgets.latency_panel import LatencyPanel
 from tui.widgets.load_panel import LoadPanel
-from tui.widgets.panel import Panel, View
+from tui.widgets.panel import Panel
 from tui.widgets.throughput_panel import ThroughputPanel
 
 __all__ = [
@@ -20,5 +20,4 @@ __all__ = [
     "LoadPanel",
     "Panel",
     "ThroughputPanel",
-    "View",
 ]

@@ -7,7 +7,8 @@ from collections import deque
 
 from loadgen.model.snapshot import Event
 from tui.format import MUTED, fmt_clock, literal
-from tui.widgets.panel import Panel, View
+from tui.view import View
+from tui.widgets.panel import Panel
 
 KEEP = 500
 LEVEL_STYLE = {"error": "$error", "warn": "$warning", "info": "$foreground"}

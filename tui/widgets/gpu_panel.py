@@ -6,7 +6,8 @@ from __future__ import annotations
 from loadgen.model.snapshot import GpuSample, GpuStatus
 from probes.throttle import BENIGN_REASONS
 from tui.format import MUTED, NA, fmt_bytes_pair, fmt_pct, literal
-from tui.widgets.panel import Panel, View
+from tui.view import View
+from tui.widgets.panel import Panel
 
 HOT_C = 85.0  # where most datacentre GPUs start to throttle
 MEM_FULL = 0.95

@@ -15,7 +15,8 @@ from tui.format import (
     fmt_pct,
     literal,
 )
-from tui.widgets.panel import Panel, View
+from tui.view import View
+from tui.widgets.panel import Panel
 
 LAG_WARN_MS = 5.0  # a lag this long shows up in measured ITL
 CPU_WARN_PER_WORKER = 90.0  # one worker near a full core queues its own chunks

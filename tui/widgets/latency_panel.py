@@ -13,8 +13,9 @@ from loadgen.model.hdr import Summary
 from loadgen.model.slo import Slos, holds
 from loadgen.model.windows import WindowStats
 from tui.format import MUTED, NO_SAMPLES, fmt_ms
+from tui.view import View
 from tui.widgets.chart import Chart
-from tui.widgets.panel import Panel, View
+from tui.widgets.panel import Panel
 
 ROWS = (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2E"))
 COLS = (("p50", "P50"), ("p90", "P90"), ("p99", "P99"), ("p99.9", "P99.9"), ("max", "max"))

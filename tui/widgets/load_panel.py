@@ -5,8 +5,9 @@ from __future__ import annotations
 from loadgen.model.snapshot import ServerMetrics, Snapshot
 from loadgen.model.windows import WindowStats
 from tui.format import MUTED, NA, fmt_count, fmt_num, fmt_rate, literal
+from tui.view import View
 from tui.widgets.chart import spark_markup
-from tui.widgets.panel import Panel, View
+from tui.widgets.panel import Panel
 
 
 def lbl(text: str) -> str:

@@ -10,34 +10,13 @@ redraw on their own schedule (when a chart column completes), not every tick.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.events import Resize
 from textual.widgets import Static
 
-from loadgen.model.snapshot import Snapshot
-from loadgen.model.windows import WindowStats
 from tui.format import tidy
-
-if TYPE_CHECKING:
-    from loadgen.model.slo import Slos
-    from tui.history import History
-
-
-@dataclass(frozen=True)
-class View:
-    """What one refresh shows: the newest Snapshot and its windows."""
-
-    snap: Snapshot
-    stats: Mapping[str, WindowStats]
-    window: str = "10s"  # the latency window the user picked (`w`)
-    history: History | None = None
-    slos: Slos | None = None
-    outage: bool = False
+from tui.view import View
 
 
 class Line(Static):

@@ -9,8 +9,9 @@ from textual.app import ComposeResult
 from loadgen.model.snapshot import Counters
 from loadgen.model.windows import WindowStats
 from tui.format import MUTED, fmt_count, fmt_rate
+from tui.view import View
 from tui.widgets.chart import Chart
-from tui.widgets.panel import Panel, View
+from tui.widgets.panel import Panel
 
 LABEL_W = 10
 COL_W = 9
