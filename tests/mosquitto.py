@@ -157,10 +157,11 @@ def start_agent(cfg: RunConfig, broker: BrokerSettings, name: str, *, fleet: str
 
 
 def agent_process(args: list[str], env: dict | None = None) -> subprocess.Popen:
-    """`python -m loadgen.fleet.agent …` as a real process in its own process group."""
+    """`tokentop agent …` (as `python -m tui.cli agent …`), a real process in its own process
+    group."""
     e = dict(os.environ)
     e.update(env or {})
-    return subprocess.Popen([sys.executable, "-m", "loadgen.fleet.agent", *args], cwd=ROOT, env=e,
+    return subprocess.Popen([sys.executable, "-m", "tui.cli", "agent", *args], cwd=ROOT, env=e,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, start_new_session=True)
 

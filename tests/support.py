@@ -47,6 +47,18 @@ def tokentop_env(env: dict[str, str], *args: str, timeout: float = 90.0):
     )
 
 
+def run_flags(**settings: Any) -> list[str]:
+    """`tokentop run` flags for RunConfig-named settings: drain_grace=1.0 → --drain-grace=1.0
+    (every such flag is the field's name with dashes)."""
+    return [f"--{name.replace('_', '-')}={value}" for name, value in settings.items()]
+
+
+def headless_argv(*flags: str, **settings: Any) -> list[str]:
+    """The real command line of a headless run, for subprocess: `python -m tui.cli run
+    --headless …` (what the `tokentop` console script runs)."""
+    return [sys.executable, "-m", "tui.cli", "run", "--headless", *run_flags(**settings), *flags]
+
+
 # a simulator with fast steps, for tests that drive many requests through it
 FAST = {"step_overhead_ms": 1.0, "decode_ms_per_seq": 0.05, "prefill_ms_per_token": 0.001}
 WAIT_S = 10.0  # upper bound on every poll loop

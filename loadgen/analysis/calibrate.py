@@ -101,7 +101,7 @@ async def calibrate_main(plan: CalibratePlan) -> int:
     cfg = RunConfig(
         concurrency=0, output_tokens=str(plan.output_tokens), input_tokens="16",
         client=plan.client, workers=plan.workers, tick=0.5, calibrate=True, drain_grace=2.0,
-        sim_args=SimConfig(exact_ttft_ms=plan.ttft_ms, exact_itl_ms=plan.itl_ms),
+        sim=SimConfig(exact_ttft_ms=plan.ttft_ms, exact_itl_ms=plan.itl_ms),
     )
     coord = Coordinator(cfg)
     try:

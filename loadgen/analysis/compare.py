@@ -248,10 +248,11 @@ def plot_runs(path: Path, items: list[Item]) -> None:
 
 
 def compare(paths: list[Path], *, png: Path | None = None, json_path: Path | None = None,
-            out: TextIO = sys.stdout) -> None:
+            out: TextIO | None = None) -> None:
     """Print the comparison of `paths` (the first is the baseline) and write the PNG and
     JSON asked for. Raises CompareError with a message for the user when the items cannot
     be compared at all (fewer than two, unreadable, runs mixed with sweeps)."""
+    out = out or sys.stdout
     if len(paths) < 2:
         raise CompareError("give at least two runs or sweeps")
     items = [load(path) for path in paths]

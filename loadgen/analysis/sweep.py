@@ -32,6 +32,7 @@ from loadgen.model.snapshot import METRICS, Control, Snapshot
 from loadgen.run.config import ConfigError, RunConfig
 from loadgen.run.coordinator import Coordinator
 from loadgen.run.preflight import TargetError
+from loadgen.run.secrets import Secrets
 
 SWEEP_FORMAT = 1
 AUTO_MAX_STEPS = 12
@@ -208,10 +209,10 @@ def parse_steps(text: str) -> list[float] | None:
     return steps
 
 
-async def run_sweep(cfg: RunConfig, plan: SweepPlan, api_key: str | None = None,
+async def run_sweep(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None = None,
                     echo=print) -> list[StepResult]:
     """Hold each step in turn; raises ConfigError / TargetError before any load."""
-    coord = Coordinator(msgspec.structs.replace(cfg, concurrency=0, rate=0.0), api_key)
+    coord = Coordinator(msgspec.structs.replace(cfg, concurrency=0, rate=0.0), secrets)
     await coord.start()
     snaps = coord.snapshots()
     echo(HEADER)
@@ -224,9 +225,9 @@ async def run_sweep(cfg: RunConfig, plan: SweepPlan, api_key: str | None = None,
         await coord.close()
 
 
-async def sweep_main(cfg: RunConfig, plan: SweepPlan, api_key: str | None) -> int:
+async def sweep_main(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None) -> int:
     try:
-        results = await run_sweep(cfg, plan, api_key, echo=lambda s: print(s, flush=True))
+        results = await run_sweep(cfg, plan, secrets, echo=lambda s: print(s, flush=True))
     except (ConfigError, TargetError) as e:
         print(f"tokentop sweep: {e}", file=sys.stderr)
         return 2

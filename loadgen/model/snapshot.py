@@ -34,7 +34,7 @@ from loadgen.model.kinds import (
 
 SNAPSHOT_VERSION = 1
 
-# Latency metrics carried in `Snapshot.hist` (all in µs). See DESIGN.md for definitions.
+# Latency metrics carried in `Snapshot.hist` (all in µs). Definitions: README, "What is measured".
 # lag, ttft_co and e2e_co exist in open loop only (intended send time); ttft_err and
 # itl_err in calibration only (|measured − true|). A metric with no samples is left out.
 METRICS = ("ttft", "itl", "tpot", "e2e", "icl", "lag", "ttft_co", "e2e_co", "ttft_err", "itl_err")

@@ -38,7 +38,7 @@ STREAMS = {"snapshots": ".jsonl", "latency": ".hlog", "events": ".jsonl"}
 MANIFEST_FORMAT = 1
 _SECRET = re.compile(r"(key|password|passwd|secret|token|credential|auth)", re.I)
 # config fields whose names look secret but hold none (token *counts*), the embedded
-# simulator's (RunConfig.sim_args, a SimConfig) among them
+# simulator's (RunConfig.sim, a SimConfig) among them
 _NOT_SECRET = {"input_tokens", "output_tokens", "max_tokens", "continuous_usage",
                "kv_tokens", "prefill_ms_per_token", "prefill_chunk_tokens", "default_max_tokens",
                "mean_output_tokens", "tokens_per_chunk", "kv_bytes_per_token"}

@@ -85,9 +85,9 @@ class RunConfig(msgspec.Struct, kw_only=True):
     request_timeout: float = 600.0
     drain_grace: float = 10.0
     # the embedded simulator (with url None): its settings, typed, as the command line
-    # resolved them from --sim-profile / --sim-arg (None: SimConfig's defaults); the name
-    # is what the coordinator hands to EmbeddedSim. sim_flags: those flags as given.
-    sim_args: SimConfig | None = None
+    # resolved them from --sim-profile / --sim-arg (None: SimConfig's defaults).
+    # sim_flags: those flags as given, for the record.
+    sim: SimConfig | None = None
     sim_flags: list[str] = msgspec.field(default_factory=list)
     seed: int = 0
     publish: PublishTo | None = None

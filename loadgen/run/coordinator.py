@@ -120,7 +120,7 @@ class Coordinator:
         cfg = self.cfg
         self._session = aiohttp.ClientSession()
         if cfg.url is None:
-            self.sim = EmbeddedSim(cfg.sim_args)
+            self.sim = EmbeddedSim(cfg.sim)
             base = await self.sim.start()
         else:
             base = check_url(cfg.url)

@@ -54,6 +54,7 @@ def read_resume(run_dir: Path | str) -> tuple[RunConfig, ResumeFrom]:
     config = dict(manifest.get("config") or {})
     config = {k: v for k, v in config.items()
               if k in RunConfig.__struct_fields__ and v != "[removed]"}
+    _older_sim_flags(run_dir, config)
     try:
         cfg = msgspec.convert(config, RunConfig)
     except msgspec.ValidationError as e:
@@ -70,3 +71,17 @@ def read_resume(run_dir: Path | str) -> tuple[RunConfig, ResumeFrom]:
     resume = ResumeFrom(run_id=last.run_id, seq=last.seq + 1, elapsed=last.elapsed,
                         counters=last.counters)
     return cfg, resume
+
+
+def _older_sim_flags(run_dir: Path, config: dict) -> None:
+    """Run directories recorded before the embedded simulator's settings were typed hold its
+    flags in `sim_args` (now `sim`, a SimConfig): none is the default simulator; flags
+    cannot be read here (the command line is their one reader), so such a run is refused
+    in words."""
+    flags = config.get("sim_args")
+    if not isinstance(flags, list):
+        return
+    if flags:
+        raise ConfigError(f"cannot resume {run_dir}: its simulator flags ({' '.join(flags)}) "
+                          "were recorded by an older tokentop; start a new run with them")
+    del config["sim_args"]

@@ -3,8 +3,8 @@
 Why not aiohttp here (it is used everywhere else): per streamed chunk,
 aiohttp's `iter_any` wakes a coroutine and builds objects, ~18-30 µs on this
 machine; an `asyncio.Protocol` fed through httptools' C parser measures each
-chunk inside `data_received`, with no coroutine switch at all (DESIGN.md,
-"The hot path, measured"). The arrival time is taken first thing in
+chunk inside `data_received`, with no coroutine switch at all (README, "How it is
+built": the hot path, measured). The arrival time is taken first thing in
 `data_received`, before any parsing.
 
 One connection carries one request at a time (a closed-loop user keeps its

@@ -2,7 +2,7 @@
 
 Whatever transport delivers the bytes (the raw HTTP protocol or the openai
 SDK) hands them here with the arrival time it took before doing anything
-else. Metric definitions are DESIGN.md's:
+else. Metric definitions are the README's ("What is measured"):
 
 * TTFT: request sent → first chunk that carries text (a role-only chunk does not count);
 * ITL: per token; a chunk that carried k tokens (k from continuous usage) is k gaps of gap/k;

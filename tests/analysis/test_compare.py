@@ -8,7 +8,8 @@ import shutil
 import pytest
 from support import FIXTURES
 
-from loadgen.analysis.compare import delta, load, main
+from loadgen.analysis.compare import delta, load
+from tui.commands.compare import main
 
 FORMATS = FIXTURES / "formats"
 

@@ -62,7 +62,7 @@ def test_report_on_a_torn_running_directory(tmp_path):
     with open(rec.run_dir / "snapshots.jsonl", "ab") as f:
         f.write(b'{"v":1,"run_id":"r","seq":60,')
     env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "xdg"))
-    proc = subprocess.run([sys.executable, "-m", "loadgen.analysis.report", str(rec.run_dir)],
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "report", str(rec.run_dir)],
                           capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 3, proc.stderr  # error_rate<1% fails
     assert "Traceback" not in proc.stderr
@@ -81,7 +81,7 @@ def test_report_on_a_torn_running_directory(tmp_path):
 
 
 def test_report_on_a_missing_directory_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "loadgen.analysis.report", str(tmp_path / "nope")],
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "report", str(tmp_path / "nope")],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "is not a directory" in proc.stderr

@@ -7,12 +7,12 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 
 import aiohttp
 import msgspec
 import numpy as np
 import pytest
+from support import headless_argv
 
 from loadgen.analysis.soak import analyze
 from loadgen.model import hdr
@@ -26,7 +26,6 @@ from loadgen.model.snapshot import (
     Target,
 )
 from loadgen.record.rundir import iter_snapshots
-from loadgen.run.config import RunConfig
 
 T0 = 1_700_000_000.0
 
@@ -108,22 +107,21 @@ def test_thresholds_pass_and_fail_on_the_whole_run():
     assert r["thresholds_passed"] is False
 
 
-def _headless(cfg: RunConfig, tmp_path) -> subprocess.CompletedProcess:
+def _headless(tmp_path, name: str, **settings) -> subprocess.CompletedProcess:
+    """`tokentop run --headless` with these settings, recording under $XDG_DATA_HOME."""
     env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "xdg"))
     return subprocess.run(
-        [sys.executable, "-m", "loadgen.run.headless", msgspec.json.encode(cfg).decode(),
-         "--json", str(tmp_path / f"{cfg.slo and cfg.slo[:4]}-{id(cfg)}.json")],
-        capture_output=True, text=True, timeout=60, env=env,
+        headless_argv("--json", str(tmp_path / f"{name}.json"), **settings),
+        capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL,
     )
 
 
 async def test_slo_exit_codes_and_default_run_dir(sim, tmp_path):
     base = dict(url=sim.url, concurrency=2, workers=1, tick=0.25, duration=1.5,
                 output_tokens="8", input_tokens="8", drain_grace=1.0)
-    good = RunConfig(**base, slo="ttft_p99<30s,error_rate<1%")
-    bad = RunConfig(**base, slo="ttft_p99<1us,itl_p99<30s")
-    ok, fail = await asyncio.gather(asyncio.to_thread(_headless, good, tmp_path),
-                                    asyncio.to_thread(_headless, bad, tmp_path))
+    ok, fail = await asyncio.gather(
+        asyncio.to_thread(_headless, tmp_path, "good", **base, slo="ttft_p99<30s,error_rate<1%"),
+        asyncio.to_thread(_headless, tmp_path, "bad", **base, slo="ttft_p99<1us,itl_p99<30s"))
     assert ok.returncode == 0, ok.stderr
     assert fail.returncode == 3, fail.stderr
     assert "threshold failed: ttft_p99<1us: measured" in fail.stderr
@@ -141,13 +139,13 @@ async def test_slo_exit_codes_and_default_run_dir(sim, tmp_path):
 
 async def test_outage_and_mttr_from_a_real_simulator_outage(sim, tmp_path):
     out = tmp_path / "run"
-    cfg = RunConfig(url=sim.url, concurrency=3, workers=1, tick=0.25, duration=7.0,
-                    output_tokens="8", input_tokens="8", drain_grace=1.0, out=str(out),
-                    request_timeout=5.0)
+    argv = headless_argv(url=sim.url, concurrency=3, workers=1, tick=0.25, duration=7.0,
+                         output_tokens="8", input_tokens="8", drain_grace=1.0, out=out,
+                         request_timeout=5.0)
     env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "xdg"))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loadgen.run.headless", msgspec.json.encode(cfg).decode(),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env)
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE, env=env)
     root = sim.url.removesuffix("/v1")
     for _ in range(200):
         if (out / "snapshots.jsonl").exists() and \

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
 from loadgen.analysis.sweep import (
     StepResult,
-    add_sweep_arguments,
+    SweepPlan,
     find_knee,
     run_sweep,
     write_outputs,
@@ -19,12 +18,6 @@ from loadgen.sim import SimConfig, start_sim
 
 SLOTS = 8
 TOKENS = 32
-
-
-def sweep_args(*argv: str) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    add_sweep_arguments(p)
-    return p.parse_args(list(argv))
 
 
 @pytest.fixture
@@ -38,9 +31,9 @@ async def slotted_sim():
 async def test_knee_at_the_slot_limit_and_goodput_as_the_model_says(slotted_sim, tmp_path):
     cfg = RunConfig(url=slotted_sim.url, output_tokens=str(TOKENS), input_tokens="32",
                     slo="ttft<200ms", workers=1, tick=0.25, drain_grace=2.0)
-    args = sweep_args("--steps", "2,4,8,16,32", "--step-seconds", "2.5", "--step-warmup", "1.5")
+    plan = SweepPlan(steps=[2, 4, 8, 16, 32], step_seconds=2.5, step_warmup=1.5)
     lines: list[str] = []
-    steps = await run_sweep(cfg, args, echo=lines.append)
+    steps = await run_sweep(cfg, plan, echo=lines.append)
     assert [s.load for s in steps] == [2, 4, 8, 16, 32] or steps[-1].saturated
     knee = find_knee(steps)
     assert knee is not None and knee.load in (4, 8, 16)  # the slot limit, within one step
@@ -69,3 +62,21 @@ def test_knee_rule_on_made_up_curves():
     assert find_knee(linear_then_flat).load == 8
     still_scaling = steps([(1, 100), (2, 195), (4, 380)])
     assert find_knee(still_scaling) is None
+
+
+def test_the_command_builds_the_plan_and_refuses_bad_steps_in_one_line():
+    from pathlib import Path
+
+    from support import tokentop
+
+    from tui.commands.console import console_parser
+    from tui.commands.sweep import add_sweep_arguments, sweep_plan
+
+    p = console_parser("tokentop sweep")
+    add_sweep_arguments(p)
+    plan = sweep_plan(p.parse_args(["--steps", "auto", "--step-seconds", "3", "--sweep-out", "d"]))
+    assert plan == SweepPlan(steps=None, step_seconds=3.0, out=Path("d"))
+    assert sweep_plan(p.parse_args([])) == SweepPlan()
+    proc = tokentop("sweep", "--steps", "4,2", timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr == "tokentop sweep: --steps must be increasing numbers above 0\n"

@@ -12,7 +12,7 @@ the steady-state part of the run:
     python tests/bench/bench_console.py --seconds 120 --outage-at 60   # the 2-minute run,
         with an external simulator and a 5 s outage in the middle; prints the screen at the end
 
-Prints figures; asserts nothing (DESIGN.md: performance is checked by benchmarks).
+Prints figures; asserts nothing (performance is checked by benchmarks, never by timed asserts).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def find_console(pane_pid: int, deadline: float) -> psutil.Process:
 
 def start_sim() -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loadgen.sim", "--port", "0", "--announce", "--exit-with-parent"],
+        [sys.executable, "-m", "tui.cli", "sim", "--port", "0", "--announce", "--exit-with-parent"],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         text=True,
     )

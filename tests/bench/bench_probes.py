@@ -61,7 +61,7 @@ LOAD = textwrap.dedent(
 
 def _start_sim() -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loadgen.sim", "--port", "0", "--announce", "--exit-with-parent"],
+        [sys.executable, "-m", "tui.cli", "sim", "--port", "0", "--announce", "--exit-with-parent"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -4,7 +4,7 @@ Not a test: it prints figures and asserts nothing about speed. Run it as
 
     python tests/bench/bench_sim.py [--streams 256] [--seconds 5] [--tokens-per-chunk 1 4]
 
-The simulator runs as a subprocess (`python -m loadgen.sim`) pinned to one CPU;
+The simulator runs as a subprocess (`tokentop sim`) pinned to one CPU;
 this process pins itself to another and drives it with a deliberately cheap
 client: raw asyncio sockets (uvloop where installed), HTTP/1.1 keep-alive, and
 a byte count of `data: ` per read, no HTTP or JSON parsing. The engine is set
@@ -74,7 +74,7 @@ def request_bytes(port: int) -> bytes:
 
 async def start_sim(streams: int, tokens_per_chunk: int) -> tuple[asyncio.subprocess.Process, int]:
     args = [
-        sys.executable, "-m", "loadgen.sim", "--port", "0", "--announce", "--exit-with-parent",
+        sys.executable, "-m", "tui.cli", "sim", "--port", "0", "--announce", "--exit-with-parent",
         "--slots", str(streams * 2), "--kv-tokens", str(streams * 2 * (MAX_TOKENS + 16)),
         "--step-overhead-ms", "0.5", "--decode-ms-per-seq", "0", "--prefill-ms-per-token", "0",
     ]  # fmt: skip

@@ -5,7 +5,7 @@ Not a test: it prints figures and asserts nothing. Run it as
     python tests/bench/bench_soak_memory.py [--seconds 240 | --minutes 30] [--tick 0.05]
                                             [--concurrency 64] [--no-record]
 
-A simulator runs in its own process (`python -m loadgen.sim`, fast steps, many
+A simulator runs in its own process (`tokentop sim`, fast steps, many
 slots). This process is the consumer a long run has: the Coordinator (merging
 worker intervals into Snapshots), SnapshotWindows (10 s / 1 min / 10 min / run
 windows, as the console and the headless loop keep them) and the Recorder
@@ -132,7 +132,7 @@ def main() -> int:
         args.seconds = args.minutes * 60.0
     port = free_port()
     sim = subprocess.Popen(
-        [sys.executable, "-m", "loadgen.sim", "--host", "127.0.0.1", "--port", str(port),
+        [sys.executable, "-m", "tui.cli", "sim", "--host", "127.0.0.1", "--port", str(port),
          "--slots", "256", "--step-overhead-ms", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -119,7 +119,7 @@ def test_password_in_the_url_is_refused_and_bad_input_is_one_line(tmp_path):
     import sys
 
     def agent(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "loadgen.fleet.agent", *args],
+        return subprocess.run([sys.executable, "-m", "tui.cli", "agent", *args],
                               capture_output=True, text=True, timeout=60,
                               stdin=subprocess.DEVNULL)
 

@@ -1,8 +1,7 @@
-"""`tokentop probe` (probes.oneshot.probe_main) against a live simulator on loopback."""
+"""`tokentop probe` (probes.oneshot.run_probe) against a live simulator on loopback."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import io
@@ -13,21 +12,23 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from support import tokentop
 
 from loadgen.sim import SimConfig, start_sim
 from probes import oneshot
-from probes.oneshot import add_probe_arguments, probe_main
+from probes.oneshot import run_probe
+from tui.commands.args import Parser
+from tui.commands.probe import add_probe_arguments
 
 
-def _args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="tokentop probe")
+async def _run(*argv: str, token: str | None = None) -> tuple[int, str]:
+    """`tokentop probe ARGV` in-process: the command's own parser, then run_probe."""
+    parser = Parser(prog="tokentop probe")
     add_probe_arguments(parser)
-    return parser.parse_args(list(argv))
-
-
-async def _run(*argv: str) -> tuple[int, str]:
+    args = parser.parse_args(list(argv))
     out = io.StringIO()
-    rc = await probe_main(_args(*argv), out=out)
+    rc = await run_probe(url=args.url, metrics_url=args.metrics_url, server_pid=args.server_pid,
+                         server_name=args.server_name, token=token, as_json=args.json, out=out)
     return rc, out.getvalue()
 
 
@@ -77,13 +78,12 @@ async def test_readable_report_against_the_simulator() -> None:
     assert "Traceback" not in text
 
 
-async def test_json_report_against_the_simulator(tmp_path: Path) -> None:
-    key = tmp_path / "key"
-    key.write_text("sk-secret-never-printed\n")
+async def test_json_report_against_the_simulator() -> None:
     sim = await start_sim(SimConfig(slots=8), host="127.0.0.1", port=0)
     try:
         async with _traffic(sim.url, "tokentop-sim"):
-            rc, text = await _run("--url", sim.url + "/", "--json", "--api-key-file", str(key))
+            rc, text = await _run("--url", sim.url + "/", "--json",
+                                  token="sk-secret-never-printed")
     finally:
         await sim.close()
     assert rc == 0
@@ -187,12 +187,22 @@ async def test_bad_url_exits_2(argv: tuple[str, ...], capsys: pytest.CaptureFixt
     assert "Traceback" not in err
 
 
-async def test_unreadable_key_file_exits_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    rc, _ = await _run("--url", "http://127.0.0.1:9/v1", "--api-key-file", str(tmp_path / "nope"))
-    assert rc == 2
-    assert "cannot read --api-key-file" in capsys.readouterr().err
+def test_unreadable_key_file_exits_2(tmp_path: Path) -> None:
+    p = tokentop("probe", "--url", "http://127.0.0.1:9/v1", "--api-key-file",
+                 str(tmp_path / "nope"), timeout=30)
+    assert p.returncode == 2
+    assert p.stderr.startswith("tokentop probe: cannot read --api-key-file")
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+
+
+def test_the_command_reads_the_key_file_and_never_prints_it(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("sk-secret-never-printed\n")
+    p = tokentop("probe", "--metrics-url", "http://127.0.0.1:9/metrics", "--json",
+                 "--api-key-file", str(key), "--server-name", "no-such-server-xyz", timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "sk-secret" not in p.stdout + p.stderr
+    assert json.loads(p.stdout)["server"]["ok"] is False  # nothing listens there
 
 
 async def test_a_probe_bug_is_one_line_not_a_traceback(

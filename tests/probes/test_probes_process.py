@@ -56,14 +56,14 @@ def _child(args: list[str]) -> Iterator[subprocess.Popen[str]]:
 def sim_script(tmp_path: Path) -> Path:
     """A uniquely named launcher for the simulator, so a search by name finds only ours."""
     script = tmp_path / f"tokentop_test_server_{uuid.uuid4().hex[:8]}.py"
-    script.write_text("import runpy\nrunpy.run_module('loadgen.sim', run_name='__main__')\n")
+    script.write_text("import runpy\nrunpy.run_module('tui.cli', run_name='__main__')\n")
     return script
 
 
 @contextlib.contextmanager
 def _sim(script: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
     with _child(
-        [sys.executable, str(script), "--port", "0", "--announce", "--exit-with-parent"]
+        [sys.executable, str(script), "sim", "--port", "0", "--announce", "--exit-with-parent"]
     ) as proc:
         line = _read_line(proc)
         assert line.startswith(ANNOUNCE), f"simulator did not start: {line!r}"

@@ -8,17 +8,17 @@ import contextlib
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
-import sys
 import time
 
-import msgspec
 import numpy as np
 import pytest
 from hdrh.histogram import HdrHistogram
 from hdrh.log import HistogramLogReader
 from msgspec import to_builtins
+from support import FIXTURES, headless_argv
 
 from loadgen.analysis.soak import analyze
 from loadgen.model import hdr
@@ -32,7 +32,7 @@ from loadgen.model.snapshot import (
 )
 from loadgen.record.recorder import Recorder, Recording, RecordingError
 from loadgen.record.rundir import iter_snapshots, last_snapshot, parts, read_events, read_manifest
-from loadgen.run.config import RunConfig
+from loadgen.run.config import ConfigError, RunConfig
 from loadgen.run.resume import read_resume
 
 T0 = 1_700_000_000.0
@@ -177,10 +177,10 @@ async def test_file_size_limit_in_a_real_headless_run_stops_or_continues(sim, tm
                 output_tokens="16", input_tokens="16", drain_grace=1.0)
 
     def run(name: str, policy: str) -> subprocess.CompletedProcess:
-        cfg = RunConfig(**base, out=str(tmp_path / name), on_disk_full=policy)
         return subprocess.run(
-            [sys.executable, "-m", "loadgen.run.headless", msgspec.json.encode(cfg).decode()],
+            headless_argv(**base, out=tmp_path / name, on_disk_full=policy),
             capture_output=True, text=True, timeout=60, env=child_env(tmp_path),
+            stdin=subprocess.DEVNULL,
             preexec_fn=_fsize_limit(40_000),
         )
 
@@ -199,11 +199,11 @@ async def test_file_size_limit_in_a_real_headless_run_stops_or_continues(sim, tm
 
 async def test_kill_9_mid_run_then_resume(sim, tmp_path):
     out = tmp_path / "run"
-    cfg = RunConfig(url=sim.url, concurrency=3, workers=1, tick=0.2, duration=60.0,
-                    output_tokens="16", input_tokens="16", out=str(out), drain_grace=1.0)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loadgen.run.headless", msgspec.json.encode(cfg).decode()],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(tmp_path),
+        headless_argv(url=sim.url, concurrency=3, workers=1, tick=0.2, duration=60.0,
+                      output_tokens="16", input_tokens="16", out=out, drain_grace=1.0),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=child_env(tmp_path),
         start_new_session=True,
     )
     try:
@@ -239,12 +239,11 @@ async def test_kill_9_mid_run_then_resume(sim, tmp_path):
     assert resume.run_id == snaps[-1].run_id and resume.seq == snaps[-1].seq + 1
     assert resumed_cfg.concurrency == 3
 
-    more = RunConfig(resume=str(out), duration=1.0)
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "loadgen.run.headless", msgspec.json.encode(more).decode(),
-         "--json", str(tmp_path / "summary.json")],
+        headless_argv("--json", str(tmp_path / "summary.json"), resume=out, duration=1.0),
         capture_output=True, text=True, timeout=60, env=child_env(tmp_path),
+        stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stderr
     assert f"resuming {out}" in done.stderr
@@ -261,3 +260,18 @@ async def test_kill_9_mid_run_then_resume(sim, tmp_path):
     assert len(result["gaps"]) == 1 and result["gaps"][0]["resumed_seq"] == resume.seq
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["requests"]["ok"] == after[-1].counters.requests_ok
+
+
+def test_resume_reads_a_run_recorded_when_sim_args_were_flags(tmp_path):
+    run = tmp_path / "run-v1"
+    shutil.copytree(FIXTURES / "formats" / "run-v1", run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["config"]["sim_args"] == []  # what those runs recorded
+    manifest["config"]["duration"] = None
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    cfg, _ = read_resume(run)
+    assert cfg.sim is None  # the default simulator, as it was
+    manifest["config"]["sim_args"] = ["--profile", "tiny"]
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match=r"simulator flags \(--profile tiny\) were recorded"):
+        read_resume(run)

@@ -16,13 +16,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import FAST, WAIT_S, root, running_sim
 
-from loadgen.sim import (
-    RunningSim,
-    SimConfig,
-    add_sim_arguments,
-    config_from_args,
-    start_sim,
-)
+from loadgen.sim import RunningSim, SimConfig, start_sim
+from loadgen.sim.launch import SimLaunch, encode_launch
+from tui.commands.args import embedded_sim_config, sim_config
+from tui.commands.sim import sim_parser
 
 MODEL = "tokentop-sim"
 # Short steps keep the suite fast; the model is the same.
@@ -438,22 +435,31 @@ async def test_sim_gpu_rises_under_load(http: aiohttp.ClientSession) -> None:
 # ---- the command line
 
 
-def test_config_from_args() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    add_sim_arguments(parser)
-    args = parser.parse_args(["--port", "0", "--model", "m", "--slots", "3", "--kv-tokens", "99"])
-    cfg = config_from_args(args)
+def test_sim_config_from_flags() -> None:
+    args = sim_parser().parse_args(
+        ["--port", "0", "--model", "m", "--slots", "3", "--kv-tokens", "99"])
+    cfg = sim_config(args)
     assert (cfg.model_name, cfg.slots, cfg.kv_tokens) == ("m", 3, 99)
     assert cfg.step_overhead_ms == SimConfig().step_overhead_ms
     assert (args.host, args.port) == ("127.0.0.1", 0)
-    assert config_from_args(argparse.Namespace()) == SimConfig()
+    assert sim_config(sim_parser().parse_args([])) == SimConfig()
+
+
+def test_embedded_sim_flags_are_read_by_the_same_parser() -> None:
+    cfg = embedded_sim_config(["--profile", "tiny", "--slots=16", "--fault-error-rate", "0.5"])
+    assert (cfg.slots, cfg.kv_tokens, cfg.faults.error_rate) == (16, 4096, 0.5)
+    assert embedded_sim_config([]) == SimConfig()
+    for bad, words in ((["--slots", "x"], "invalid int value"),
+                       (["--port", "1"], "unrecognized arguments"),  # it picks its own address
+                       (["--slots", "0"], "slots must be at least 1")):
+        with pytest.raises(ValueError, match=words):
+            embedded_sim_config(bad)
 
 
 async def _spawn(*args: str) -> asyncio.subprocess.Process:
+    """`tokentop sim …` as its own process."""
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loadgen.sim", *args,
+        sys.executable, "-m", "tui.cli", "sim", *args,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -492,6 +498,51 @@ async def test_subprocess_port_taken_is_one_line_and_exit_2(sim: RunningSim) -> 
     text = err.decode()
     assert "Traceback" not in text
     assert text.count("\n") == 1 and f":{sim.port}" in text
+
+
+async def _child(launch: bytes) -> asyncio.subprocess.Process:
+    """`python -m loadgen.sim`, the embedded simulator: its settings as one line on stdin."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadgen.sim",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdin is not None
+    proc.stdin.write(launch)
+    await proc.stdin.drain()
+    return proc
+
+
+async def test_child_reads_its_typed_config_on_stdin_and_exits_with_parent(
+    http: aiohttp.ClientSession,
+) -> None:
+    proc = await _child(encode_launch(SimLaunch(config=SimConfig(slots=3, model_name="m"))))
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), WAIT_S)).decode()
+        word, port = line.split()
+        assert word == "TOKENTOP_SIM_LISTENING"
+        async with http.get(f"http://127.0.0.1:{int(port)}/v1/models") as resp:
+            assert (await resp.json())["data"][0]["id"] == "m"
+        proc.stdin.close()  # the parent "dies"
+        assert await asyncio.wait_for(proc.wait(), WAIT_S) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+@pytest.mark.parametrize("line", [b"", b"--port 0\n", b'{"config": {"slots": 0}}\n'])
+async def test_child_with_a_bad_launch_line_is_one_line_and_exit_2(line: bytes) -> None:
+    proc = await _child(line)
+    assert proc.stdin is not None
+    proc.stdin.close()
+    _, err = await asyncio.wait_for(proc.communicate(), WAIT_S)
+    assert proc.returncode == 2
+    text = err.decode()
+    assert "Traceback" not in text
+    assert text.count("\n") == 1 and text.startswith("tokentop sim: ")
 
 
 # ---- presets: a concurrency sweep shows the knee where it should
@@ -578,19 +629,16 @@ async def test_concurrency_sweep_has_the_knee_at_the_slot_limit() -> None:
 
 
 def test_profiles_and_flags_override_them() -> None:
-    import argparse
-
     from loadgen.sim.presets import PROFILES
 
-    parser = argparse.ArgumentParser()
-    add_sim_arguments(parser)
+    parser = sim_parser()
     for name in PROFILES:
-        cfg = config_from_args(parser.parse_args(["--profile", name]))
+        cfg = sim_config(parser.parse_args(["--profile", name]))
         for key, value in PROFILES[name].items():
             assert getattr(cfg, key) == value, (name, key)
-    cfg = config_from_args(parser.parse_args(["--profile", "llama3-70b-4xh100", "--slots", "7"]))
+    cfg = sim_config(parser.parse_args(["--profile", "llama3-70b-4xh100", "--slots", "7"]))
     assert cfg.slots == 7 and cfg.gpu_count == 4 and cfg.kv_bytes_per_token == 327_680
-    assert config_from_args(parser.parse_args([])) == SimConfig()
+    assert sim_config(parser.parse_args([])) == SimConfig()
     with pytest.raises(SystemExit):
         parser.parse_args(["--profile", "nope"])
 

@@ -16,7 +16,7 @@ from aiohttp.test_utils import make_mocked_request
 from support import WAIT_S, root, running_sim
 
 from loadgen.model.snapshot import Counters
-from loadgen.sim import RunningSim, add_sim_arguments, config_from_args, start_sim
+from loadgen.sim import RunningSim, start_sim
 from loadgen.sim.faults import FaultConfig
 from loadgen.sim.server import is_loopback
 from loadgen.worker.client import StreamingClient
@@ -319,14 +319,13 @@ async def test_outage_refuses_drops_and_recovers_like_a_restart(
 
 
 async def test_outage_from_the_command_line(http: aiohttp.ClientSession) -> None:
-    import argparse
+    from tui.commands.args import sim_config
+    from tui.commands.sim import sim_parser
 
-    parser = argparse.ArgumentParser()
-    add_sim_arguments(parser)
-    args = parser.parse_args(
+    args = sim_parser().parse_args(
         ["--fault-outage-s", "0.3", "--fault-outage-after-s", "0.2", "--fault-error-rate", "1"]
     )
-    cfg = config_from_args(args)
+    cfg = sim_config(args)
     assert cfg.faults.error_rate == 1.0 and cfg.faults.outage_s == 0.3
     sim = await start_sim(cfg, port=0)
     try:

@@ -8,7 +8,7 @@ import pytest
 from textual.pilot import Pilot
 
 from loadgen.run.config import RunConfig
-from loadgen.run.run_process import EngineProcess
+from loadgen.run.run_process import RunProcess
 from tui.app import TokentopApp
 
 
@@ -29,7 +29,7 @@ async def test_keys_drive_the_real_engine_and_metrics_reach_the_load_panel(sim):
     # long answers, so streams stay in flight while we look
     cfg = RunConfig(url=sim.url, concurrency=2, output_tokens="2000", workers=1, tick=0.25,
                     drain_grace=1.0)
-    app = TokentopApp(EngineProcess(cfg), refresh=0.1)
+    app = TokentopApp(RunProcess(cfg), refresh=0.1)
     engine = sim.model
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: engine.num_running == 2)
@@ -67,7 +67,7 @@ async def until_plain(cond: Callable[[], bool], seconds: float = 10.0) -> None:
 
 async def test_unreachable_target_is_shown_in_the_console():
     cfg = RunConfig(url="http://127.0.0.1:9/v1", workers=1)
-    app = TokentopApp(EngineProcess(cfg), refresh=0.1)
+    app = TokentopApp(RunProcess(cfg), refresh=0.1)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.error is not None)
         assert "cannot reach http://127.0.0.1:9/v1" in app.error
@@ -78,7 +78,7 @@ async def test_unreachable_target_is_shown_in_the_console():
 async def test_brackets_raise_in_flight_to_20_and_p_pauses_and_resumes(sim):
     cfg = RunConfig(url=sim.url, concurrency=0, output_tokens="64", workers=1, tick=0.25,
                     drain_grace=1.0)
-    app = TokentopApp(EngineProcess(cfg), refresh=0.1)
+    app = TokentopApp(RunProcess(cfg), refresh=0.1)
     last = lambda: app.windows.last  # noqa: E731
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: last() is not None)
@@ -107,7 +107,7 @@ async def test_a_auto_ramps_to_the_slo_boundary_and_a_key_takes_over():
     cfg = RunConfig(url=sim.url, concurrency=1, output_tokens="32", slo="ttft_p99<60ms",
                     workers=1, tick=0.25, drain_grace=1.0, auto_ramp_hold=1.5,
                     auto_ramp_warmup=1.0)
-    app = TokentopApp(EngineProcess(cfg), refresh=0.1, slo=cfg.slo)
+    app = TokentopApp(RunProcess(cfg), refresh=0.1, slo=cfg.slo)
     last = lambda: app.windows.last  # noqa: E731
     try:
         async with app.run_test(size=(120, 40)) as pilot:

@@ -27,7 +27,7 @@ ENGINE_MARKERS = ("loadgen.run.run_process", "loadgen.worker.main", "loadgen.sim
 
 def start_sim(extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loadgen.sim", "--port", "0", "--announce", "--exit-with-parent",
+        [sys.executable, "-m", "tui.cli", "sim", "--port", "0", "--announce", "--exit-with-parent",
          *extra],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         text=True,

@@ -34,7 +34,7 @@ async def test_ttft_and_itl_track_the_servers_send_stamps_at_modest_load():
     # simulator runs in its own process, as `tokentop calibrate` runs it.
     cfg = RunConfig(concurrency=8, output_tokens="20", input_tokens="8", workers=1, tick=0.5,
                     calibrate=True, drain_grace=2.0,
-                    sim_args=["--exact-ttft-ms", "40", "--exact-itl-ms", "10"])
+                    sim=SimConfig(exact_ttft_ms=40.0, exact_itl_ms=10.0))
     dense = await measure(cfg, 6.0)
     ttft_err, itl_err = hdr.summarize(dense["ttft_err"]), hdr.summarize(dense["itl_err"])
     assert ttft_err["count"] > 50 and itl_err["count"] > 1000, (ttft_err, itl_err)

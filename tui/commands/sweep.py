@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tui.commands.args import api_key_from, fail, run_config
+from tui.commands.args import fail, run_config, secrets_from
 from tui.commands.console import console_parser
 
 
@@ -20,8 +20,8 @@ def main(argv: list[str]) -> int:
     add_sweep_arguments(p)
     args = p.parse_args(argv)
     plan = sweep_plan(args)
-    cfg, key = run_config(args), api_key_from(args)
-    return _sweep(cfg, plan, key)
+    cfg, secrets = run_config(args), secrets_from(args)
+    return _sweep(cfg, plan, secrets)
 
 
 def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,8 +52,8 @@ def sweep_plan(args: argparse.Namespace):
                      out=args.sweep_out)
 
 
-def _sweep(cfg, plan, api_key: str | None) -> int:
+def _sweep(cfg, plan, secrets) -> int:
     from loadgen.analysis.sweep import sweep_main
     from loadgen.worker import eventloop
 
-    return eventloop.run(lambda: sweep_main(cfg, plan, api_key))
+    return eventloop.run(lambda: sweep_main(cfg, plan, secrets))
