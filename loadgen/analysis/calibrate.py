@@ -21,8 +21,7 @@ import numpy as np
 from loadgen.model import hdr
 from loadgen.model.snapshot import Control, Snapshot
 from loadgen.run.config import ConfigError, RunConfig
-from loadgen.run.coordinator import Coordinator
-from loadgen.run.preflight import TargetError
+from loadgen.run.session import Session, SessionError
 from loadgen.sim.model import SimConfig
 
 ERROR_BUDGET_US = 1000.0  # the promise: p99 timing error within 1 ms
@@ -103,31 +102,32 @@ async def calibrate_main(plan: CalibratePlan) -> int:
         client=plan.client, workers=plan.workers, tick=0.5, calibrate=True, drain_grace=2.0,
         sim=SimConfig(exact_ttft_ms=plan.ttft_ms, exact_itl_ms=plan.itl_ms),
     )
-    coord = Coordinator(cfg)
+    # a Session like every run, unrecorded: a calibration measures this machine, not a server
+    session = Session(cfg, record=False)
     try:
-        await coord.start()
-    except TargetError as e:
+        await session.start()
+    except SessionError as e:
         print(f"tokentop calibrate: {e}", file=sys.stderr)
         return 2
-    print(_intro(plan, coord.pool.n))
+    print(_intro(plan, session.workers))
     print(HEADER)
     results: list[Step] = []
-    snaps = coord.snapshots()
+    snaps = session.snapshots()
     try:
-        results = await _run_steps(coord, snaps, plan)
+        results = await _run_steps(session, snaps, plan)
     finally:
-        coord.request_stop("calibration done")
+        session.request_stop("calibration done")
         async for _ in snaps:  # on to the last Snapshot, so every process exits cleanly
             pass
-        await coord.close()
+        await session.finish()
     print(_verdict(results))
     return 0
 
 
-async def _run_steps(coord: Coordinator, snaps, plan: CalibratePlan) -> list[Step]:
+async def _run_steps(session: Session, snaps, plan: CalibratePlan) -> list[Step]:
     results: list[Step] = []
     for streams in plan.steps:
-        await coord.control(Control(op="set_concurrency", value=streams, source="cli"))
+        await session.control(Control(op="set_concurrency", value=streams, source="cli"))
         step = Step(streams)
         warm_until = measure_until = None
         async for snap in snaps:

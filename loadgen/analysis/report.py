@@ -147,6 +147,22 @@ def _errs(errors: dict[str, int]) -> str:
     return ", ".join(f"{n}× {k}" for k, n in sorted(errors.items()))
 
 
+WATCHED_LISTED = 50  # SLO and GPU events listed in report.md at most
+
+
+def _watched_events(events: list[dict]) -> list[str]:
+    """The run's SLO breaches and recoveries and GPU throttling (loadgen.run.watch), in order."""
+    watched = [e for e in events if e["kind"] in ("slo", "gpu")]
+    if not watched:
+        return []
+    out = ["## SLO breaches and GPU throttling", ""]
+    out += [f"* {_when(e['t'])} (+{_fmt_s(e['rel'])}) {e['kind']}: {e['message']}"
+            for e in watched[:WATCHED_LISTED]]
+    if len(watched) > WATCHED_LISTED:
+        out.append(f"* … and {len(watched) - WATCHED_LISTED} more (report.json has them)")
+    return [*out, ""]
+
+
 def _when(t: float | None) -> str:
     return "–" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
@@ -190,6 +206,7 @@ def markdown(r: dict, plots: list[str]) -> str:
     if r.get("server_metrics_never_answered"):
         out += [f"The server's /metrics never answered "
                 f"({r['server_metrics_never_answered']}): no server-side outage detection.", ""]
+    out += _watched_events(r.get("events") or [])
     if r["gaps"]:
         out += ["## Recording gaps", ""]
         for g in r["gaps"]:

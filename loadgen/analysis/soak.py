@@ -45,6 +45,8 @@ from loadgen.model.slo import Slos, evaluate_thresholds, rates_from
 from loadgen.model.snapshot import Counters, Snapshot
 
 RUN_METRICS = ("ttft", "itl", "tpot", "e2e")  # whole-run summaries and thresholds
+# info-level events a report still lists: what was done to the run, and the derived facts
+KEPT_INFO_EVENTS = ("run", "resume", "operator", "record", "recording", "slo", "gpu")
 TICK_METRICS = ("ttft", "itl")  # per-tick percentiles: drift, long tail, plots
 TAIL_LIST_MAX = 50
 SERIES = (
@@ -263,8 +265,7 @@ class SoakAnalyzer:
         # events
         for ev in snap.events:
             self.event_counts[ev.kind] = self.event_counts.get(ev.kind, 0) + 1
-            if (ev.level != "info" or ev.kind in ("run", "operator", "record", "recording")) \
-                    and len(self.events) < 5000:
+            if (ev.level != "info" or ev.kind in KEPT_INFO_EVENTS) and len(self.events) < 5000:
                 self.events.append({"t": ev.t, "rel": round(ev.t - (self.start_time or 0), 3),
                                     "kind": ev.kind, "level": ev.level, "message": ev.message})
 

@@ -30,9 +30,8 @@ from loadgen import __version__
 from loadgen.model import hdr
 from loadgen.model.snapshot import METRICS, Control, Snapshot
 from loadgen.run.config import ConfigError, RunConfig
-from loadgen.run.coordinator import Coordinator
-from loadgen.run.preflight import TargetError
 from loadgen.run.secrets import Secrets
+from loadgen.run.session import Session, SessionError
 
 SWEEP_FORMAT = 1
 AUTO_MAX_STEPS = 12
@@ -210,25 +209,34 @@ def parse_steps(text: str) -> list[float] | None:
 
 
 async def run_sweep(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None = None,
-                    echo=print) -> list[StepResult]:
-    """Hold each step in turn; raises ConfigError / TargetError before any load."""
-    coord = Coordinator(msgspec.structs.replace(cfg, concurrency=0, rate=0.0), secrets)
-    await coord.start()
-    snaps = coord.snapshots()
+                    echo=print, *, record: bool = True) -> list[StepResult]:
+    """Hold each step in turn, in one Session (so a sweep is recorded, and replayable, like
+    any run); raises SessionError before any load."""
+    session = Session(msgspec.structs.replace(cfg, concurrency=0, rate=0.0), secrets,
+                      record=record, say=_to_stderr)
+    await session.start()
+    snaps = session.snapshots()
     echo(HEADER)
     try:
-        return await _run(coord, snaps, cfg, plan, echo)
+        return await _run(session, snaps, cfg, plan, echo)
     finally:
-        coord.request_stop("sweep done")
+        session.request_stop("sweep done")
         async for _ in snaps:
             pass
-        await coord.close()
+        await session.finish()
 
 
-async def sweep_main(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None) -> int:
+def _to_stderr(line: str) -> None:
+    """The session's own lines (where the sweep is recorded) stay off the table on stdout."""
+    print(line, file=sys.stderr, flush=True)
+
+
+async def sweep_main(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None, *,
+                     record: bool = True) -> int:
     try:
-        results = await run_sweep(cfg, plan, secrets, echo=lambda s: print(s, flush=True))
-    except (ConfigError, TargetError) as e:
+        results = await run_sweep(cfg, plan, secrets, echo=lambda s: print(s, flush=True),
+                                  record=record)
+    except SessionError as e:
         print(f"tokentop sweep: {e}", file=sys.stderr)
         return 2
     knee = find_knee(results, plan.knee_fraction)
@@ -243,7 +251,8 @@ async def sweep_main(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None) -
     return 0 if results else 1
 
 
-async def _run(coord, snaps, cfg: RunConfig, plan: SweepPlan, echo) -> list[StepResult]:
+async def _run(session: Session, snaps, cfg: RunConfig, plan: SweepPlan,
+               echo) -> list[StepResult]:
     steps = plan.steps
     results: list[StepResult] = []
     op = "set_concurrency" if cfg.mode == "closed" else "set_rate"
@@ -254,8 +263,8 @@ async def _run(coord, snaps, cfg: RunConfig, plan: SweepPlan, echo) -> list[Step
             if i >= len(steps):
                 break
             load = steps[i]
-        await coord.control(Control(op=op, value=load, source="cli"))
-        result = await _hold(snaps, load, plan, bool(coord.parsed.slo))
+        await session.control(Control(op=op, value=load, source="cli"))
+        result = await _hold(snaps, load, plan, session.slos.per_request is not None)
         results.append(result)
         echo(row(result))
         i += 1

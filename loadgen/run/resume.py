@@ -30,18 +30,18 @@ class ResumeFrom(msgspec.Struct, kw_only=True):
 def resumed(given: RunConfig) -> tuple[RunConfig, ResumeFrom]:
     """The recorded config and where to pick up, with what the new command line may change."""
     assert given.resume is not None
-    cfg, resume = read_resume(given.resume)
+    cfg, resume = read_resume(given.resume, duration=given.duration)
     cfg.on_disk_full = given.on_disk_full
-    if given.duration is not None:
-        cfg.duration = given.duration
     return cfg, resume
 
 
-def read_resume(run_dir: Path | str) -> tuple[RunConfig, ResumeFrom]:
+def read_resume(run_dir: Path | str, *,
+                duration: float | None = None) -> tuple[RunConfig, ResumeFrom]:
     """(RunConfig, ResumeFrom) to continue the run in `run_dir`.
 
-    The config is the recorded one; what is left of a `duration` is what the resumed
-    run still has to do, and there is no second warm-up. Raises ConfigError in words.
+    The config is the recorded one; the resumed run does `duration` seconds more load
+    when given, else what is left of the recorded duration; there is no second warm-up.
+    Raises ConfigError in words.
     """
     run_dir = Path(run_dir)
     try:
@@ -52,14 +52,16 @@ def read_resume(run_dir: Path | str) -> tuple[RunConfig, ResumeFrom]:
     if last is None:
         raise ConfigError(f"cannot resume {run_dir}: it holds no complete snapshot")
     config = dict(manifest.get("config") or {})
+    _older_sim_flags(run_dir, config)
     config = {k: v for k, v in config.items()
               if k in RunConfig.__struct_fields__ and v != "[removed]"}
-    _older_sim_flags(run_dir, config)
     try:
         cfg = msgspec.convert(config, RunConfig)
     except msgspec.ValidationError as e:
         raise ConfigError(f"cannot resume {run_dir}: its config is not readable ({e})") from None
-    if cfg.duration is not None:
+    if duration is not None:
+        cfg.duration = duration
+    elif cfg.duration is not None:
         remaining = cfg.duration + cfg.warmup - last.elapsed
         if remaining <= 0.5:
             raise ConfigError(f"cannot resume {run_dir}: the run had already done its "
@@ -78,10 +80,7 @@ def _older_sim_flags(run_dir: Path, config: dict) -> None:
     flags in `sim_args` (now `sim`, a SimConfig): none is the default simulator; flags
     cannot be read here (the command line is their one reader), so such a run is refused
     in words."""
-    flags = config.get("sim_args")
-    if not isinstance(flags, list):
-        return
-    if flags:
+    flags = config.pop("sim_args", None)
+    if isinstance(flags, list) and flags:
         raise ConfigError(f"cannot resume {run_dir}: its simulator flags ({' '.join(flags)}) "
                           "were recorded by an older tokentop; start a new run with them")
-    del config["sim_args"]

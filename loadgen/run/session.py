@@ -34,6 +34,7 @@ from pathlib import Path
 import msgspec
 
 from loadgen.fleet.remote import LoadNow
+from loadgen.model.slo import Slos
 from loadgen.model.snapshot import Control, Snapshot, SnapshotVersionError
 from loadgen.model.windows import SnapshotWindows
 from loadgen.record.recorder import Recording, RecordingError
@@ -98,6 +99,17 @@ class Session:
     def run_id(self) -> str:
         assert self.coord is not None
         return self.coord.run_id
+
+    @property
+    def slos(self) -> Slos:
+        assert self.coord is not None
+        return self.coord.parsed.slos
+
+    @property
+    def workers(self) -> int:
+        """How many load worker processes the run has."""
+        assert self.coord is not None
+        return self.coord.pool.n
 
     # ---- start ---------------------------------------------------------------------------
 

@@ -18,14 +18,12 @@ import pytest
 from support import tokentop_env
 from textual.pilot import Pilot
 
-from loadgen.model.slo import parse_slos
 from loadgen.model.snapshot import Snapshot
-from loadgen.record.replay import ReplaySource
 from loadgen.record.rundir import iter_snapshots, read_manifest
 from loadgen.run.config import RunConfig
 from loadgen.run.run_process import RunProcess
-from loadgen.run.watch import WatchedSource
 from tui.app import TokentopApp
+from tui.commands.replay import replay_source
 
 SMALL = ["--workers", "1", "-c", "3", "--input-tokens", "16", "--output-tokens", "12",
          "--tick", "0.25", "--drain-grace", "1"]
@@ -117,16 +115,20 @@ async def test_an_slo_breach_is_in_the_recording_the_report_and_a_replay(sim, tm
     assert code in (0, 3), err
     assert "SLO breach: ttft_p99<1us" in (out / "report.md").read_text()
 
-    # replay judges the recording by the SLOs given now: none recorded for 5 s, one now
+    # replay judges the recording by the SLOs given now: none for 5 s, a breach for ITL
     seen = await replayed(out, "ttft_p99<5s")
     assert not [e for s in seen for e in s.events if e.kind == "slo"]
     seen = await replayed(out, "itl_p99<1us")
     assert any(e.message.startswith("SLO breach: itl_p99<1us")
                for s in seen for e in s.events if e.kind == "slo")
+    seen = await replayed(out, None)  # without --slo: as recorded
+    assert any(e.message.startswith("SLO breach: ttft_p99<1us")
+               for s in seen for e in s.events if e.kind == "slo")
 
 
-async def replayed(run_dir: Path, slo: str) -> list[Snapshot]:
-    source = WatchedSource(ReplaySource(run_dir, speed=100.0, follow=False), parse_slos(slo))
+async def replayed(run_dir: Path, slo: str | None) -> list[Snapshot]:
+    """What `tokentop replay DIR [--slo S]` would show (the same source the command builds)."""
+    source, _ = replay_source(run_dir, speed=100.0, follow=False, slo=slo)
     await source.start()
     try:
         return [s async for s in source.snapshots()]

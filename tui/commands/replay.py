@@ -15,18 +15,50 @@ def main(argv: list[str]) -> int:
     p.add_argument("--speed", type=float, default=1.0)
     p.add_argument("--no-follow", action="store_true",
                    help="stop at the end even if the run is still being written")
+    p.add_argument("--slo", help="judge the recording by these SLOs (as `tokentop run --slo`): "
+                   "their breaches and recoveries replace the recorded ones; default: the "
+                   "run's own --slo, as recorded")
     p.add_argument("--theme")
     args = p.parse_args(argv)
     if not (args.run_dir / "manifest.json").exists() and not args.run_dir.is_dir():
         fail(f"{args.run_dir} is not a run directory")
     return _replay(args.run_dir, speed=args.speed, follow=False if args.no_follow else None,
-                   theme=args.theme)
+                   slo=args.slo, theme=args.theme)
 
 
-def _replay(run_dir: Path, *, speed: float, follow: bool | None, theme: str | None) -> int:
-    from loadgen.record.replay import ReplaySource
+def _replay(run_dir: Path, *, speed: float, follow: bool | None, slo: str | None,
+            theme: str | None) -> int:
     from tui.app import TokentopApp
 
-    app = TokentopApp(ReplaySource(run_dir, speed=speed, follow=follow), theme=theme)
+    source, shown_slo = replay_source(run_dir, speed=speed, follow=follow, slo=slo)
+    app = TokentopApp(source, theme=theme, slo=shown_slo)
     app.run()
     return app.return_code or 0
+
+
+def replay_source(run_dir: Path, *, speed: float = 1.0, follow: bool | None = None,
+                  slo: str | None = None):
+    """The source `tokentop replay` shows, and the SLOs its colours judge by: with --slo, the
+    recording judged afresh by a Watch; without, as recorded."""
+    from loadgen.model.slo import SloError, parse_slos
+    from loadgen.record.replay import ReplaySource
+    from loadgen.run.watch import WatchedSource
+
+    source = ReplaySource(run_dir, speed=speed, follow=follow)
+    if slo is None:
+        return source, _recorded_slo(run_dir)
+    try:
+        return WatchedSource(source, parse_slos(slo)), slo
+    except SloError as e:
+        fail(str(e), prog="tokentop replay")
+
+
+def _recorded_slo(run_dir: Path) -> str | None:
+    """The run's own --slo, for the console's colours (its events are in the recording)."""
+    from loadgen.record.rundir import RunDirError, read_manifest
+
+    try:
+        slo = (read_manifest(run_dir).get("config") or {}).get("slo")
+    except RunDirError:
+        return None  # replay itself says what is wrong with the directory
+    return slo if isinstance(slo, str) else None

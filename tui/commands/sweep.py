@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     plan = sweep_plan(args)
     cfg, secrets = run_config(args), secrets_from(args)
-    return _sweep(cfg, plan, secrets)
+    return _sweep(cfg, plan, secrets, record=args.record)
 
 
 def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,8 +52,8 @@ def sweep_plan(args: argparse.Namespace):
                      out=args.sweep_out)
 
 
-def _sweep(cfg, plan, secrets) -> int:
+def _sweep(cfg, plan, secrets, *, record: bool) -> int:
     from loadgen.analysis.sweep import sweep_main
     from loadgen.worker import eventloop
 
-    return eventloop.run(lambda: sweep_main(cfg, plan, secrets))
+    return eventloop.run(lambda: sweep_main(cfg, plan, secrets, record=record))
