@@ -75,3 +75,15 @@ async def running_sim(**overrides: Any) -> AsyncIterator[RunningSim]:
 
 def root(sim: RunningSim) -> str:
     return sim.url.removesuffix("/v1")
+
+
+def fsize_limit(limit: int):
+    """A preexec_fn: the child may write files of at most `limit` bytes (a disk that fills)."""
+    import resource
+    import signal
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so write() fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply

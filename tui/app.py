@@ -260,7 +260,7 @@ class TokentopApp(App[None]):
 
     @property
     def outage(self) -> bool:
-        """The engine says the server is unreachable (LoadState.outage_since)."""
+        """The run says the server is unreachable (LoadState.outage_since)."""
         snap = self.windows.last
         return snap is not None and snap.load.outage_since is not None and not self.ended
 

@@ -52,7 +52,7 @@ from loadgen import __version__
 from loadgen.fleet.link import BrokerSettings, MqttLink, check_level, topic
 from loadgen.model.snapshot import Snapshot, from_json, to_json
 
-log = logging.getLogger("tokentop.telemetry")
+log = logging.getLogger("tokentop.publisher")
 
 SNAPSHOT_QOS = 0
 CATCHUP_QOS = 1
@@ -113,12 +113,12 @@ class _Msg:
 ControlHandler = Any  # async (payload: bytes, topic: str) -> None
 
 
-class TelemetryPublisher:
+class SnapshotPublisher:
     """Publishes one run's Snapshots; `publish()` never blocks and never raises.
 
     The console (`--publish`) and the agent use it the same way:
 
-        pub = TelemetryPublisher(settings, fleet="lab", agent="gpu-07")
+        pub = SnapshotPublisher(settings, fleet="lab", agent="gpu-07")
         await pub.start()
         pub.publish(snapshot)     # each tick
         await pub.close()         # flushes for a moment, says "offline", disconnects

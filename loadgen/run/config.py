@@ -1,6 +1,6 @@
 """A run's configuration: what the command line, the console and an agent all build.
 
-It crosses process boundaries (console → engine process, manifest on disk),
+It crosses process boundaries (console → run process, manifest on disk),
 so it is a plain msgspec struct of plain values; `parsed()` turns the text
 forms (length distributions, ramps, SLOs) into objects and is where every bad
 value becomes one clear sentence (ConfigError). Secrets are not here: the API

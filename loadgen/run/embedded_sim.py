@@ -1,6 +1,6 @@
 """The embedded simulator as a child process: what `tokentop` with no --url points at.
 
-It runs in its own process so its engine loop never competes with the
+It runs in its own process so its scheduling loop never competes with the
 client's timing, listens on a free loopback port, and exits by itself when
 our end of its stdin closes (so it dies with us, even on kill -9).
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from loadgen.fleet.link import BrokerError, BrokerSettings, parse_broker_url
-from loadgen.fleet.publisher import TelemetryPublisher
+from loadgen.fleet.publisher import SnapshotPublisher
 from loadgen.fleet.remote import RemoteCaps, RemoteControl
 from loadgen.model.snapshot import Snapshot
 from loadgen.model.windows import SnapshotWindows
@@ -91,7 +91,7 @@ class Publish:
             self.settings = broker_settings(p, password)
         except BrokerError as e:
             raise SinkError(str(e)) from None
-        self.publisher: TelemetryPublisher | None = None
+        self.publisher: SnapshotPublisher | None = None
 
     async def start(self, session: Session) -> None:
         p = self.p
@@ -99,7 +99,7 @@ class Publish:
         remote = RemoteControl(agent=p.name, caps=caps, apply=session.control,
                                load=session.load_now)
         try:
-            self.publisher = TelemetryPublisher(
+            self.publisher = SnapshotPublisher(
                 self.settings, fleet=p.fleet, agent=p.name, backlog=p.backlog,
                 remote_control=p.remote_control,
                 max_concurrency=p.max_concurrency if p.remote_control else None,

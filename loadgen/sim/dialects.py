@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING
 from loadgen.sim.metrics import Histogram, _escape, _header, _histogram
 
 if TYPE_CHECKING:
-    from loadgen.sim.model import Engine
+    from loadgen.sim.model import BatchModel
 
 KV_BLOCK_TOKENS = 16  # a paged KV block, for the dialects that count blocks
 
 
-def render(dialect: str, engine: Engine) -> str:
+def render(dialect: str, engine: BatchModel) -> str:
     try:
         fn = _RENDERERS[dialect]
     except KeyError:
@@ -42,7 +42,7 @@ def render(dialect: str, engine: Engine) -> str:
     return fn(engine)
 
 
-def _vllm(engine: Engine) -> str:
+def _vllm(engine: BatchModel) -> str:
     return engine.metrics.render(
         engine.cfg.model_name,
         running=engine.num_running,
@@ -76,11 +76,11 @@ class _Out:
         return "\n".join(self.lines)
 
 
-def _model_label(engine: Engine) -> str:
+def _model_label(engine: BatchModel) -> str:
     return f'model_name="{_escape(engine.cfg.model_name)}"'
 
 
-def _sglang(engine: Engine) -> str:
+def _sglang(engine: BatchModel) -> str:
     m = engine.metrics
     out = _Out(_model_label(engine))
     out.scalar(
@@ -126,7 +126,7 @@ def _sglang(engine: Engine) -> str:
     return out.text()  # fmt: skip
 
 
-def _tgi(engine: Engine) -> str:
+def _tgi(engine: BatchModel) -> str:
     m = engine.metrics
     out = _Out()
     out.scalar("tgi_queue_size", "gauge", "", engine.num_waiting)
@@ -141,7 +141,7 @@ def _tgi(engine: Engine) -> str:
     return out.text()
 
 
-def _llamacpp(engine: Engine) -> str:
+def _llamacpp(engine: BatchModel) -> str:
     m = engine.metrics
     now = engine.now()
     busy = engine.busy_seconds(now)
@@ -211,7 +211,7 @@ def _llamacpp(engine: Engine) -> str:
     return out.text()  # fmt: skip
 
 
-def _trtllm(engine: Engine) -> str:
+def _trtllm(engine: BatchModel) -> str:
     m = engine.metrics
     out = _Out(_model_label(engine) + ',engine_type="trtllm"')
     out.scalar(
@@ -253,7 +253,7 @@ def _trtllm(engine: Engine) -> str:
     return out.text()  # fmt: skip
 
 
-def _triton(engine: Engine) -> str:
+def _triton(engine: BatchModel) -> str:
     cfg = engine.cfg
     out = _Out('model="tensorrt_llm",version="1"')
     name = "nv_trt_llm_request_metrics"

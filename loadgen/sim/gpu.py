@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from loadgen.sim.model import Engine
+from loadgen.sim.model import BatchModel
 
 UTIL_TAU_S = 1.0
 POWER_TAU_S = 0.5
@@ -31,7 +31,7 @@ TEMP_TAU_S = 30.0
 
 
 class SimGpu:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: BatchModel) -> None:
         self._engine = engine
         cfg = engine.cfg
         self._t: float | None = None

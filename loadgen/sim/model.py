@@ -148,7 +148,7 @@ class Sequence:
         return self.state == DONE
 
 
-class Engine:
+class BatchModel:
     """The engine state and its loop. Start with `start()` inside a running loop."""
 
     def __init__(self, cfg: SimConfig, faults: Faults | None = None) -> None:

@@ -51,7 +51,7 @@ from aiohttp import web
 from loadgen.sim.faults import Faults
 from loadgen.sim.gpu import SimGpu
 from loadgen.sim.metrics import CONTENT_TYPE
-from loadgen.sim.model import DONE, ContextLengthError, Engine, Sequence, SimConfig
+from loadgen.sim.model import DONE, BatchModel, ContextLengthError, Sequence, SimConfig
 
 log = logging.getLogger("loadgen.sim")
 
@@ -314,12 +314,12 @@ def is_loopback(remote: str | None) -> bool:
 
 
 class SimServer:
-    """The aiohttp application around one Engine, its SimGpu and its Faults."""
+    """The aiohttp application around one BatchModel, its SimGpu and its Faults."""
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.faults = Faults(cfg.faults)
-        self.engine = Engine(cfg, self.faults)
+        self.engine = BatchModel(cfg, self.faults)
         self.gpu = SimGpu(self.engine)
         self.created = int(time.time())
         self.inflight = 0  # completion requests being answered right now
@@ -736,7 +736,7 @@ class RunningSim:
         return f"http://{_connect_host(self.host)}:{self.port}/v1"
 
     @property
-    def model(self) -> Engine:
+    def model(self) -> BatchModel:
         """The engine model (queues, counters), for tests and the console."""
         return self.server.engine
 

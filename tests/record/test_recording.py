@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 from hdrh.histogram import HdrHistogram
 from hdrh.log import HistogramLogReader
 from msgspec import to_builtins
-from support import FIXTURES, headless_argv
+from support import FIXTURES, fsize_limit, headless_argv
 
 from loadgen.analysis.soak import analyze
 from loadgen.model import hdr
@@ -164,14 +163,6 @@ def test_disk_full_stops_recording_with_a_message(tmp_path):
     assert "disk full" in read_manifest(run)["recording_stopped"]
 
 
-def _fsize_limit(limit: int):
-    def apply() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so write() fails with EFBIG
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    return apply
-
-
 async def test_file_size_limit_in_a_real_headless_run_stops_or_continues(sim, tmp_path):
     base = dict(url=sim.url, concurrency=4, workers=1, tick=0.1, duration=4.0,
                 output_tokens="16", input_tokens="16", drain_grace=1.0)
@@ -181,7 +172,7 @@ async def test_file_size_limit_in_a_real_headless_run_stops_or_continues(sim, tm
             headless_argv(**base, out=tmp_path / name, on_disk_full=policy),
             capture_output=True, text=True, timeout=60, env=child_env(tmp_path),
             stdin=subprocess.DEVNULL,
-            preexec_fn=_fsize_limit(40_000),
+            preexec_fn=fsize_limit(40_000),
         )
 
     stop, cont = await asyncio.gather(asyncio.to_thread(run, "stop", "stop"),

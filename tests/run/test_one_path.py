@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import resource
-import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from support import tokentop_env
+from support import fsize_limit
 from textual.pilot import Pilot
 
 from loadgen.model.snapshot import Snapshot
@@ -43,12 +43,6 @@ def agent_args(sim_url: str, *more: str) -> list[str]:
 
 async def cli(*args: str, preexec=None) -> tuple[int, str]:
     """`tokentop ARGS` as a real process, off the event loop (the simulator runs on it)."""
-    if preexec is None:
-        proc = await asyncio.to_thread(tokentop_env, {}, *args)
-        return proc.returncode, proc.stderr
-    import subprocess
-    import sys
-
     done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "tui.cli", *args],
                                    capture_output=True, text=True, timeout=90,
                                    stdin=subprocess.DEVNULL, preexec_fn=preexec)
@@ -85,18 +79,10 @@ async def test_agent_exit_codes_are_headless_ones(sim, tmp_path):
     assert "threshold failed: ttft_p99<1us" in agent_err
 
 
-def _fsize_limit(limit: int):
-    def apply() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so write() fails with EFBIG
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    return apply
-
-
 async def test_agent_stops_and_exits_4_when_recording_fails(sim, tmp_path):
     code, err = await cli(*agent_args(sim.url, "--duration", "20", "--tick", "0.1",
                                       "--out", str(tmp_path / "run")),
-                          preexec=_fsize_limit(40_000))
+                          preexec=fsize_limit(40_000))
     assert code == 4, err
     assert "file size limit reached while writing" in err
     assert "Traceback" not in err

@@ -753,13 +753,13 @@ async def test_tokens_per_chunk(http: aiohttp.ClientSession) -> None:
 
 async def test_gpu_power_follows_batch_occupancy() -> None:
     from loadgen.sim.gpu import SimGpu
-    from loadgen.sim.model import Engine
+    from loadgen.sim.model import BatchModel
 
     class Clock:
         t = 0.0
 
     cfg = SimConfig(slots=10)
-    one, full = Engine(cfg), Engine(cfg)
+    one, full = BatchModel(cfg), BatchModel(cfg)
     for engine, running in ((one, 1), (full, 10)):
         engine.now = lambda: Clock.t  # type: ignore[method-assign]
         engine.busy_seconds = lambda now: now  # type: ignore[method-assign]  # always busy

@@ -120,11 +120,11 @@ def test_llamacpp_dialect_looks_like_the_capture() -> None:
     """Same names, types and no labels as a real llama-server's /metrics."""
 
     from loadgen.sim.dialects import render
-    from loadgen.sim.model import Engine
+    from loadgen.sim.model import BatchModel
 
     # the real llama-server capture (a copy of ../shared/captures/llamacpp/metrics.txt)
     capture = FIXTURES / "metrics" / "llamacpp.txt"
-    ours = render("llamacpp", _started(Engine(SimConfig())))
+    ours = render("llamacpp", _started(BatchModel(SimConfig())))
 
     def shape(text: str) -> dict[str, str]:
         return {f.name: f.type for f in text_string_to_metric_families(text)}

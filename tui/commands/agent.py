@@ -64,7 +64,7 @@ def _quiet_logging() -> None:
     """Warnings (broker lost, retrying) as one line each on stderr; no library chatter."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("tokentop: %(message)s"))
-    for name in ("tokentop.mqtt", "tokentop.telemetry"):
+    for name in ("tokentop.mqtt", "tokentop.publisher"):
         lg = logging.getLogger(name)
         lg.addHandler(handler)
         lg.setLevel(logging.WARNING)

@@ -12,7 +12,7 @@ from scripted_source import make_snapshots
 
 from loadgen.fleet.link import BrokerError, parse_broker_url
 from loadgen.fleet.monitor import FleetMonitor
-from loadgen.fleet.publisher import TelemetryPublisher, decode_snapshot, encode_snapshot
+from loadgen.fleet.publisher import SnapshotPublisher, decode_snapshot, encode_snapshot
 from loadgen.model.snapshot import to_json
 from loadgen.record.rundir import last_snapshot
 
@@ -49,7 +49,7 @@ async def test_backlog_is_bounded_then_caught_up_in_order(tmp_path):
     """Broker down from the start: the oldest fall out (counted), the rest arrive in order."""
     broker = Mosquitto(tmp_path)
     b = settings(broker.url)
-    pub = TelemetryPublisher(b, fleet="t", agent="early", backlog=5, max_backoff=0.5)
+    pub = SnapshotPublisher(b, fleet="t", agent="early", backlog=5, max_backoff=0.5)
     await pub.start()
     snaps = make_snapshots(12)
     for snap in snaps:
