@@ -131,8 +131,9 @@ async def _collect(
     async with aiohttp.ClientSession() as session:
         host = HostProbe()
         gpu = await GpuProbe.create(server_root(url) if url else None, session)
+        auth = f"Bearer {token}" if token else None
         server = (
-            ServerMetricsProbe(metrics_url, session, bearer_token=token) if metrics_url else None
+            ServerMetricsProbe(metrics_url, session, authorization=auth) if metrics_url else None
         )
         try:
             await _round(host, gpu, process, server)

@@ -224,13 +224,13 @@ def _rate(before: float | None, after: float | None, dt: float) -> float | None:
 
 class ServerMetricsProbe:
     def __init__(
-        self, metrics_url: str, session: aiohttp.ClientSession, bearer_token: str | None = None
+        self, metrics_url: str, session: aiohttp.ClientSession, authorization: str | None = None
     ) -> None:
         self.url = metrics_url
         self._session = session
         self.tracker = MetricsTracker()
         # Kept only in the header: never in errors, logs or the ServerMetrics.
-        self._headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
+        self._headers = {"Authorization": authorization} if authorization else {}
 
     async def sample(self) -> ServerMetrics:
         start = time.perf_counter()

@@ -11,12 +11,22 @@ directory: it reports what is there now.
 
 (the command line is tui/commands/report.py; `write_report` is what it calls)
 
+The status says what the run is now, known rather than guessed (rundir.run_state):
+running (a live tokentop still writes it), interrupted (it says running but its
+writer is gone), recording stopped (a full disk ended the record early), finished.
+
+The summary is printed before anything is written, so a full disk still shows it;
+a file that cannot be written is removed rather than left partial (a 0-byte PNG)
+and named in `not_written`.
+
 Exit codes: 0 report written (thresholds passed or none); 3 a threshold failed;
-2 not a readable run directory.
+2 not a readable run directory, or part of the report could not be written.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import sys
 import time
@@ -27,13 +37,21 @@ import numpy as np
 from loadgen.analysis.soak import SoakAnalyzer
 from loadgen.model.slo import parse_slos
 from loadgen.record.rundir import (
+    INTERRUPTED,
+    RUNNING,
     first_snapshot,
     iter_snapshots,
     last_snapshot,
     read_manifest,
+    run_state,
 )
 
 PLOTS = ("throughput", "latency", "queue", "gpu", "server_rss")
+STATUS_TEXT = {
+    RUNNING: "running (a tokentop process is still writing it: this covers it so far)",
+    INTERRUPTED: "interrupted (its writer died without finishing: killed, crashed, or the "
+                 "machine went down)",
+}
 
 
 def pick_bucket(span_s: float) -> float:
@@ -61,15 +79,13 @@ def analyze_dir(run_dir: Path | str, *, slo: str | None = None, bucket_s: float 
     for snap in iter_snapshots(run_dir, warn=warnings.append):
         analyzer.add(snap)
     result = analyzer.result()
-    status = manifest.get("status")
-    if status == "running" and analyzer.last is not None \
-            and time.time() - analyzer.last.t > 30.0:
-        status = "interrupted (the writer stopped without finishing; crashed or killed?)"
+    state = run_state(run_dir)  # after reading: a run that ended meanwhile says so
     result["run_dir"] = str(run_dir)
     result["manifest"] = {k: manifest.get(k) for k in (
         "tokentop_version", "run_id", "status", "start_time", "end_time", "engine", "host",
         "gpus", "gpu_source", "resumes", "recording_stopped")}
-    result["status"] = status or "unknown (no manifest)"
+    result["state"] = state
+    result["status"] = STATUS_TEXT.get(state, state) + ("" if manifest else "; no manifest.json")
     result["slo"] = slo
     result["warnings"] = warnings
     return result, analyzer
@@ -104,6 +120,8 @@ def summary_lines(r: dict) -> list[str]:
         f"{req['ok']} ok, {req['failed']} failed; success {_pct(r['success_rate'])}"
         f" (during outages {_pct(r['success_rate_during_outages'])})",
     ]
+    if (r.get("manifest") or {}).get("recording_stopped"):
+        lines.insert(1, f"  recording stopped early: {r['manifest']['recording_stopped']}")
     lat = r["latency_ms"]
     for m in ("ttft", "itl"):
         s = lat.get(m) or {}
@@ -151,11 +169,12 @@ WATCHED_LISTED = 50  # SLO and GPU events listed in report.md at most
 
 
 def _watched_events(events: list[dict]) -> list[str]:
-    """The run's SLO breaches and recoveries and GPU throttling (loadgen.run.watch), in order."""
-    watched = [e for e in events if e["kind"] in ("slo", "gpu")]
+    """The run's SLO breaches and recoveries, GPU throttling (loadgen.run.watch) and server
+    restarts, in order."""
+    watched = [e for e in events if e["kind"] in ("slo", "gpu", "restart")]
     if not watched:
         return []
-    out = ["## SLO breaches and GPU throttling", ""]
+    out = ["## SLO breaches, GPU throttling, server restarts", ""]
     out += [f"* {_when(e['t'])} (+{_fmt_s(e['rel'])}) {e['kind']}: {e['message']}"
             for e in watched[:WATCHED_LISTED]]
     if len(watched) > WATCHED_LISTED:
@@ -247,7 +266,9 @@ def markdown(r: dict, plots: list[str]) -> str:
 # ---- plots ------------------------------------------------------------------------------------
 
 
-def plot(r: dict, analyzer: SoakAnalyzer, out_dir: Path) -> list[str]:
+def plot(r: dict, analyzer: SoakAnalyzer, out_dir: Path,
+         not_written: list[dict] | None = None) -> list[str]:
+    """The PNGs written; one that cannot be (a full disk) is removed, noted in not_written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -317,10 +338,39 @@ def plot(r: dict, analyzer: SoakAnalyzer, out_dir: Path) -> list[str]:
         ax.grid(alpha=0.3)
         fig.tight_layout()
         path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=90)
+        if _written(path, lambda f, fig=fig: fig.savefig(f, dpi=90, format="png"),
+                    not_written):
+            written.append(str(path))
         plt.close(fig)
-        written.append(str(path))
     return written
+
+
+# ---- writing, on a disk that may be full ------------------------------------------------------
+
+
+def _why(e: OSError) -> str:
+    return {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
+            errno.EFBIG: "file size limit reached"}.get(e.errno, e.strerror or str(e))
+
+
+def _written(path: Path, write, not_written: list[dict] | None) -> bool:
+    """`write(file)` into `path`; on failure the partial file is removed (no 0-byte PNG left
+    to look like a plot) and the failure noted, for the one line that names them all."""
+    try:
+        with open(path, "wb") as f:
+            write(f)
+        return True
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        if not_written is None:
+            raise
+        not_written.append({"file": path.name, "why": _why(e)})
+        return False
+
+
+def _text(data: str):
+    return lambda f: f.write(data.encode())
 
 
 # ---- the report -------------------------------------------------------------------------------
@@ -332,19 +382,29 @@ def write_report(run_dir: Path | str, *, out_dir: Path | str | None = None,
                  out=sys.stdout) -> tuple[int, dict]:
     """Analyse, print the summary, write report.json/report.md/PNGs; (exit code, result).
 
+    The summary comes first: what was computed is shown even when nothing can be written.
+    Files that could not be written are in r["not_written"] ({file, why}) and make it 2.
     Raises RunDirError / ConfigError / SnapshotVersionError with a message for the user."""
     run_dir = Path(run_dir)
     warnings: list[str] = []
     r, analyzer = analyze_dir(run_dir, slo=slo, bucket_s=bucket_s, tail_k=tail_k,
                               tail_abs_us=tail_abs_us, warnings=warnings)
-    target = Path(out_dir) if out_dir else run_dir
-    target.mkdir(parents=True, exist_ok=True)
-    written = plot(r, analyzer, target) if plots else []
-    r["plots"] = written
-    (target / "report.json").write_text(json.dumps(r, indent=2, default=str) + "\n")
-    (target / "report.md").write_text(markdown(r, written) + "\n")
     for line in summary_lines(r):
-        print(line, file=out)
-    print(f"report: {target / 'report.md'}", file=out)
-    code = 3 if r["thresholds_passed"] is False else 0
-    return code, r
+        print(line, file=out, flush=True)
+    target = Path(out_dir) if out_dir else run_dir
+    not_written: list[dict] = r.setdefault("not_written", [])
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        not_written.append({"file": str(target), "why": _why(e)})
+        return 2, r
+    written = plot(r, analyzer, target, not_written) if plots else []
+    r["plots"] = written
+    md = _written(target / "report.md", _text(markdown(r, written) + "\n"), not_written)
+    _written(target / "report.json", _text(json.dumps(r, indent=2, default=str) + "\n"),
+             not_written)
+    if md:
+        print(f"report: {target / 'report.md'}", file=out)
+    if not_written:
+        return 2, r
+    return (3 if r["thresholds_passed"] is False else 0), r

@@ -38,6 +38,7 @@ EventKind = Literal[
     "outage",  # the server cannot be reached and nothing succeeds
     "recovery",  # the first success after an outage
     "probe",  # /metrics, the server process
+    "restart",  # the server restarted (its /metrics counters went back to zero)
     "gpu",  # GPUs lost, Xid, throttling
     "slo",  # an --slo threshold breached or met again (loadgen.run.watch)
     "client",  # the load generator itself is saturated

@@ -11,14 +11,22 @@ Rotation keeps every file bounded: all three streams move to a new part together
 when the snapshot part passes `rotate_bytes` or has been open `rotate_s`.
 
 Errors are `RecordingError`, with a sentence for the user ("disk full while
-writing …: recording stopped"). After one, the recorder writes nothing more;
-whether the load stops is the caller's choice (`Recording` below does the usual).
+writing …: recording stopped"). After one, the recorder writes nothing more but the
+manifest's final state (status "recording stopped" and why), for which it frees the
+space writer.lock holds; whether the load stops is the caller's choice (`Recording`
+below does the usual).
+
+One writer a directory: the Recorder holds writer.lock (flock, exclusive) from
+create/resume to close, so a second writer (`--resume` of a run that still runs)
+is refused in one line, and readers know a killed writer from a live one
+(rundir.run_state): the kernel lets go of a dead process's lock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import platform
 import socket
@@ -33,7 +41,10 @@ from loadgen.record import hlog
 from loadgen.record.rundir import (
     MANIFEST,
     MANIFEST_FORMAT,
+    RECORDING_STOPPED,
+    RUNNING,
     STREAMS,
+    WRITER_LOCK,
     default_run_dir,
     last_snapshot,
     part_path,
@@ -47,6 +58,8 @@ ROTATE_BYTES = 256 * 1024 * 1024  # snapshot part size that starts a new part
 ROTATE_S = 3600.0  # … or its age
 FSYNC_S = 1.0  # fsync at most this far apart (≤ 2 s data at risk on power loss)
 ON_DISK_FULL = ("stop", "continue")
+RESERVE_BYTES = 64 * 1024  # held in writer.lock: room for the final manifest on a full disk
+LOCK_WAIT_S = 0.2  # a reader's probe holds the lock for microseconds; a writer for the run
 
 _event_encoder = msgspec.json.Encoder()
 
@@ -65,6 +78,66 @@ def _why(e: OSError, action: str, path: Path) -> str:
     if e.errno == errno.EROFS:
         return f"read-only file system: cannot go on {action} {path}"
     return f"cannot go on {action} {path}: {e.strerror or e}"
+
+
+class _WriterLock:
+    """writer.lock, held exclusive while this process writes the run (rundir.writer_alive).
+
+    Its first line names the holder, for the refusal a second writer gets. While held it
+    also keeps RESERVE_BYTES allocated: on a full disk, freeing them is what lets the
+    final manifest still be written."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / WRITER_LOCK
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise RecordingError(_why(e, "opening", self.path) + ": recording not started") \
+                from None
+        if not self._take():
+            owner = self._owner()
+            os.close(self.fd)
+            raise RecordingError(f"{run_dir} is being written by another tokentop ({owner}): "
+                                 "one writer a run directory; let that run end, or stop it, "
+                                 "first")
+        self._stamp = f"pid {os.getpid()} on {socket.gethostname()}\n".encode()
+        with contextlib.suppress(OSError):  # best effort: a full disk must not stop the start
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, self._stamp, 0)
+            os.posix_fallocate(self.fd, len(self._stamp), RESERVE_BYTES)
+
+    def _take(self) -> bool:
+        """Lock, retrying briefly past readers' probes; False if another writer holds it."""
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.01)
+            except OSError:
+                return True  # no flock on this file system: write unlocked rather than not
+
+    def _owner(self) -> str:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            line = os.pread(self.fd, 200, 0).split(b"\n", 1)[0].decode().strip()
+            if line:
+                return line
+        return "another process"
+
+    def free_reserve(self) -> None:
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, len(self._stamp))
+
+    def release(self) -> None:
+        """Unlock (by closing): from here on readers see no live writer."""
+        if self.fd >= 0:
+            self.free_reserve()
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
 
 
 class _Stream:
@@ -131,11 +204,12 @@ def host_info() -> dict:
 class Recorder:
     """Writes one run directory. `create()` for a new run, `resume()` to continue one."""
 
-    def __init__(self, run_dir: Path, manifest: dict, *, index: int = 0,
+    def __init__(self, run_dir: Path, manifest: dict, lock: _WriterLock, *, index: int = 0,
                  rotate_bytes: int = ROTATE_BYTES, rotate_s: float = ROTATE_S,
                  fsync_s: float = FSYNC_S) -> None:
         self.run_dir = run_dir
         self.manifest = manifest
+        self._lock = lock
         self.rotate_bytes, self.rotate_s, self.fsync_s = rotate_bytes, rotate_s, fsync_s
         self.failed: str | None = None
         self.closed = False
@@ -153,6 +227,7 @@ class Recorder:
             self._open(index)
         except OSError as e:
             self._close_streams()
+            lock.release()
             raise RecordingError(_why(e, "opening", run_dir) + ": recording not started") \
                 from None
 
@@ -169,7 +244,9 @@ class Recorder:
         except OSError as e:
             raise RecordingError(f"cannot create the run directory {run_dir}: "
                                  f"{e.strerror or e}") from None
+        lock = _WriterLock(run_dir)  # first: a live writer's directory is refused as such
         if parts(run_dir, "snapshots"):
+            lock.release()
             raise RecordingError(f"{run_dir} already holds a run; use --resume {run_dir} to "
                                  "continue it, or choose another --out")
         manifest = {
@@ -177,7 +254,7 @@ class Recorder:
             "format_version": MANIFEST_FORMAT,
             "tokentop_version": __version__,
             "run_id": run_id,
-            "status": "running",
+            "status": RUNNING,
             "created": time.time(),
             "start_time": None,
             "end_time": None,
@@ -196,15 +273,26 @@ class Recorder:
         try:
             write_json_atomic(run_dir / MANIFEST, manifest)
         except OSError as e:
+            lock.release()
             raise RecordingError(_why(e, "writing", run_dir / MANIFEST)
                                  + ": recording not started") from None
-        return cls(run_dir, manifest, **kw)
+        return cls(run_dir, manifest, lock, **kw)
 
     @classmethod
     def resume(cls, run_dir: Path | str, **kw) -> Recorder:
         """Append to an existing run directory; a torn last line is cut off first."""
         run_dir = Path(run_dir)
-        manifest = read_manifest(run_dir)
+        read_manifest(run_dir)  # first: a run directory? (no writer.lock left in any other)
+        lock = _WriterLock(run_dir)  # then: refused while its writer still runs
+        try:
+            return cls._resume(run_dir, lock, **kw)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def _resume(cls, run_dir: Path, lock: _WriterLock, **kw) -> Recorder:
+        manifest = read_manifest(run_dir)  # again, now that no one else can change it
         last = last_snapshot(run_dir, warn=lambda _m: None)
         index = 0
         for name in STREAMS:
@@ -220,13 +308,13 @@ class Recorder:
                 {"at": time.time(), "after_seq": last.seq if last else None,
                  "after_t": last.t if last else None}
             )
-            manifest["status"] = "running"
+            manifest["status"] = RUNNING
             manifest["end_time"] = None
             write_json_atomic(run_dir / MANIFEST, manifest)
         except OSError as e:
             raise RecordingError(_why(e, "resuming", run_dir) + ": recording not resumed") \
                 from None
-        return cls(run_dir, manifest, index=index, **kw)
+        return cls(run_dir, manifest, lock, index=index, **kw)
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -271,8 +359,18 @@ class Recorder:
             if now - self._last_fsync >= self.fsync_s:
                 self._fsync(now)
         except OSError as e:
-            self.failed = _why(e, "writing", path) + ": recording stopped"
+            self._stopped(_why(e, "writing", path) + ": recording stopped")
             raise RecordingError(self.failed) from None
+
+    def _stopped(self, why: str) -> None:
+        """Recording failed: say so in the manifest now (the process may not live to close),
+        in the space writer.lock kept for it; if even that fails, the lock tells the truth."""
+        self.failed = why
+        self.manifest["status"] = RECORDING_STOPPED
+        self.manifest["recording_stopped"] = why
+        self._lock.free_reserve()
+        with contextlib.suppress(OSError):
+            write_json_atomic(self.run_dir / MANIFEST, self.manifest)
 
     def _first(self, snap: Snapshot) -> None:
         self._start_time = snap.t - snap.elapsed
@@ -332,7 +430,9 @@ class Recorder:
     # ---- the end -------------------------------------------------------------------------
 
     def close(self, summary: dict | None = None, *, status: str = "finished") -> None:
-        """fsync, close the files and write the final manifest (status, end, summary)."""
+        """fsync, close the files, write the final manifest (status, end, summary), then let
+        go of writer.lock: in that order, so a reader never sees no writer and "running".
+        After a failure the status stays "recording stopped" (the record is incomplete)."""
         if self.closed:
             return
         self.closed = True
@@ -342,7 +442,7 @@ class Recorder:
         except OSError:
             pass
         self._close_streams()
-        self.manifest["status"] = status
+        self.manifest["status"] = status if self.failed is None else RECORDING_STOPPED
         self.manifest["end_time"] = time.time()
         if self.failed is not None:
             self.manifest["recording_stopped"] = self.failed
@@ -353,6 +453,14 @@ class Recorder:
         except OSError as e:
             if self.failed is None:
                 raise RecordingError(_why(e, "writing", self.run_dir / MANIFEST)) from None
+        finally:
+            self._lock.release()
+
+    def abandon(self) -> None:
+        """Close without a final manifest (the directory is about to be removed)."""
+        self.closed = True
+        self._close_streams()
+        self._lock.release()
 
     def _close_streams(self) -> None:
         for s in self._streams.values():
@@ -448,8 +556,7 @@ class Recording:
         if rec.manifest.get("resumes") or rec.bytes_written:
             self.close(summary)
             return
-        rec.closed = True
-        rec._close_streams()
+        rec.abandon()
         import shutil
 
         shutil.rmtree(rec.run_dir, ignore_errors=True)

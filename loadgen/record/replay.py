@@ -2,7 +2,11 @@
 
 It is a SnapshotSource (loadgen.model.source), so the console does not know it is not
 live. Snapshots are paced by their wall time `t` divided by the speed; a run that
-is still being written is followed (tail -f) until its manifest says it is over.
+is still being written is followed (tail -f) until its writer is done: finished,
+recording stopped, or gone (rundir.run_state knows a killed writer by its lock, so
+a killed run's replay ends instead of waiting forever). The last Snapshot of the
+recording carries an Event(kind="replay") that says how the run ended, and the
+description says it from the start.
 
 Control ops (loadgen.model.snapshot.Control):
     pause / resume                 stop and go on (the same ops as a live run)
@@ -21,6 +25,7 @@ Snapshot after a seek carries an Event(kind="replay") that says where it is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,10 +33,69 @@ from pathlib import Path
 from loadgen.model.kinds import SourceKind
 from loadgen.model.snapshot import Control, Event, Snapshot
 from loadgen.model.source import SourceError
-from loadgen.record.rundir import RunDirError, RunReader, is_finished, parts, read_manifest
+from loadgen.record.rundir import (
+    FINISHED,
+    INTERRUPTED,
+    RECORDING_STOPPED,
+    RUNNING,
+    RunDirError,
+    RunReader,
+    parts,
+    read_manifest,
+    run_state,
+    still_written,
+)
 
 REPLAY_OPS = ("pause", "resume", "replay_speed", "seek", "seek_by", "stop")
 PREROLL_S = 60.0  # after a seek, this much before the target is sent at once (fills windows)
+
+
+def check_replayable(run_dir: Path | str) -> dict:
+    """The manifest of a directory a replay can show; SourceError in one line when there is
+    nothing to show (not a directory, not a run directory, no Snapshot yet)."""
+    run_dir = Path(run_dir)
+    try:
+        manifest = read_manifest(run_dir)
+    except RunDirError as e:
+        raise SourceError(str(e)) from None
+    if not parts(run_dir, "snapshots"):
+        raise SourceError(f"{run_dir} holds no snapshots yet")
+    return manifest
+
+
+def end_note(state: str, manifest: dict) -> tuple[str, str]:
+    """(level, words) for how a recorded run ended, as the replay tells the console."""
+    if state == INTERRUPTED:
+        return "warn", "the run was interrupted: its writer died without finishing"
+    if state == RECORDING_STOPPED:
+        why = manifest.get("recording_stopped") or "recording failed"
+        return "warn", f"recording stopped early ({why})"
+    if state == RUNNING:
+        return "info", "the run is still being written"
+    return "info", "the run finished" if state == FINISHED else f"the run is {state}"
+
+
+class _Clock:
+    """Recorded time → wall time at the replay speed; rebased on a pause or a new speed."""
+
+    def __init__(self) -> None:
+        self.base_t: float | None = None  # the Snapshot time that maps to base_wall
+        self.base_wall = 0.0
+        self.speed = 1.0
+
+    def reset(self) -> None:
+        self.base_t = None
+
+    def delay(self, t: float, speed: float) -> float:
+        """Seconds until a Snapshot of time `t` is due (≤ 0: now)."""
+        now = time.monotonic()
+        if self.base_t is None or speed <= 0:
+            self.base_t, self.base_wall, self.speed = t, now, speed
+            return 0.0
+        if speed != self.speed:  # rebase at the current position
+            self.base_t += (now - self.base_wall) * self.speed
+            self.base_wall, self.speed = now, speed
+        return self.base_wall + (t - self.base_t) / speed - now
 
 
 class ReplaySource:
@@ -49,6 +113,7 @@ class ReplaySource:
         self._seek_to: float | None = None
         self._stopped = False
         self._changed = asyncio.Event()
+        self._manifest: dict = {}
         self.position: float = 0.0  # elapsed of the last Snapshot given out
         self.description = f"replay: {self.run_dir}"
 
@@ -58,18 +123,25 @@ class ReplaySource:
             self._warn(message)
 
     async def start(self) -> None:
+        self._manifest = check_replayable(self.run_dir)
+        state = self._state()
+        if self.follow is None:
+            self.follow = state == RUNNING  # a live writer: more is coming
+        self._describe(state)
+
+    def _state(self) -> str:
+        """How the run stands now (a live writer, or how it ended)."""
         try:
-            manifest = read_manifest(self.run_dir)
+            return run_state(self.run_dir)
         except RunDirError as e:
             raise SourceError(str(e)) from None
-        if not parts(self.run_dir, "snapshots"):
-            raise SourceError(f"{self.run_dir} holds no snapshots yet")
-        if self.follow is None:
-            self.follow = manifest.get("status") == "running"
-        target = (manifest.get("target") or {}).get("url", "?")
-        live = " (following)" if self.follow else ""
-        self.description = (f"replay{live}: run {manifest.get('run_id', '?')} of {target} "
-                            f"from {self.run_dir}")
+
+    def _describe(self, state: str) -> None:
+        target = (self._manifest.get("target") or {}).get("url", "?")
+        live = " (following)" if self.follow and state == RUNNING else ""
+        how = "" if state in (RUNNING, FINISHED) else f"; {end_note(state, self._manifest)[1]}"
+        self.description = (f"replay{live}: run {self._manifest.get('run_id', '?')} of "
+                            f"{target} from {self.run_dir}{how}")
 
     async def control(self, msg: Control) -> None:
         op, v = msg.op, msg.value
@@ -103,75 +175,77 @@ class ReplaySource:
             pass
 
     async def snapshots(self) -> AsyncIterator[Snapshot]:
+        """Every Snapshot, paced; a seek starts a fresh reader at the new position."""
         seek: float | None = None
         while not self._stopped:
-            restart = False
-            reader = RunReader(self.run_dir, warn=self._note)
-            try:
-                base_t: float | None = None  # the Snapshot time that maps to base_wall
-                base_wall = 0.0
-                announce = None if seek is None else f"replay: seek to {seek:.0f} s"
-                while not self._stopped:
-                    batch = reader.poll()
-                    if not batch:
-                        if not self.follow or is_finished(self.run_dir):
-                            batch = reader.poll()
-                            if not batch:
-                                reader.finish()
-                                return
-                        else:
-                            await self._wait(self.poll_s)
-                            if self._seek_to is not None:
-                                restart = True
-                                break
-                            continue
-                    for snap in batch:
-                        if seek is not None and snap.elapsed < seek - PREROLL_S:
-                            continue  # skipping to the seek target
-                        if seek is not None and snap.elapsed < seek:
-                            yield snap  # preroll: at once, no pacing
-                            self.position = snap.elapsed
-                            continue
-                        seek = None
-                        # pacing
-                        while True:
-                            if self._stopped:
-                                return
-                            if self._seek_to is not None:
-                                break
-                            if self.paused:
-                                await self._wait(None)
-                                base_t = None
-                                continue
-                            if base_t is None or self.speed <= 0:
-                                base_t, base_wall = snap.t, time.monotonic()
-                                speed_seen = self.speed
-                                break
-                            if self.speed != speed_seen:  # rebase at the current position
-                                base_t, base_wall = self._now_t(base_t, base_wall,
-                                                                speed_seen), time.monotonic()
-                                speed_seen = self.speed
-                            due = base_wall + (snap.t - base_t) / self.speed
-                            delay = due - time.monotonic()
-                            if delay <= 0:
-                                break
-                            await self._wait(min(delay, 1.0))
-                        if self._seek_to is not None:
-                            restart = True
-                            break
-                        if announce:
-                            snap.events.append(Event(t=snap.t, kind="replay", message=announce))
-                            announce = None
-                        self.position = snap.elapsed
-                        yield snap
-                    if restart:
-                        break
-            finally:
-                reader.close()
-            if not restart:
-                return
+            with RunReader(self.run_dir, warn=self._note) as reader:
+                async for snap in self._play(reader, seek):
+                    yield snap
+            if self._seek_to is None:
+                return  # the end of the recording (or stopped)
             seek, self._seek_to = self._seek_to, None
 
-    @staticmethod
-    def _now_t(base_t: float, base_wall: float, speed: float) -> float:
-        return base_t + (time.monotonic() - base_wall) * speed
+    async def _play(self, reader: RunReader, seek: float | None) -> AsyncIterator[Snapshot]:
+        """From `seek` (after a preroll) to the end, or until stopped or sought elsewhere."""
+        clock = _Clock()
+        announce = None if seek is None else f"replay: seek to {seek:.0f} s"
+        while True:
+            batch, last = await self._next_batch(reader)
+            for snap in batch:
+                if seek is not None and snap.elapsed < seek:
+                    if snap.elapsed >= seek - PREROLL_S:  # preroll: at once, no pacing
+                        self.position = snap.elapsed
+                        yield snap
+                    continue
+                seek = None
+                if not await self._pace(snap, clock):
+                    return
+                if announce:
+                    snap.events.append(Event(t=snap.t, kind="replay", message=announce))
+                    announce = None
+                self.position = snap.elapsed
+                yield snap
+            if last:
+                return
+
+    async def _next_batch(self, reader: RunReader) -> tuple[list[Snapshot], bool]:
+        """(Snapshots, whether they are the last). While following, waits for more until the
+        writer is done; the end is asked *before* the poll, so that poll reads all there is."""
+        while not self._stopped and self._seek_to is None:
+            more = self.follow and still_written(self.run_dir)
+            batch = reader.poll()
+            if not more:
+                reader.finish()
+                self._ended(batch)
+                return batch, True
+            if batch:
+                return batch, False
+            await self._wait(self.poll_s)
+        return [], True
+
+    def _ended(self, batch: list[Snapshot]) -> None:
+        """The recording is over: say how the run ended, on its last Snapshot and in the
+        description (a followed run that ended after its last Snapshot has only the latter)."""
+        with contextlib.suppress(RunDirError):
+            self._manifest = read_manifest(self.run_dir) or self._manifest
+        state = self._state()
+        self.follow = False
+        self._describe(state)
+        if batch:
+            level, words = end_note(state, self._manifest)
+            last = batch[-1]
+            last.events.append(Event(t=last.t, kind="replay", level=level,
+                                     message=f"replay: end of the recording; {words}"))
+
+    async def _pace(self, snap: Snapshot, clock: _Clock) -> bool:
+        """Wait until `snap` is due at the replay speed; False when stopped or sought."""
+        while not self._stopped and self._seek_to is None:
+            if self.paused:
+                await self._wait(None)
+                clock.reset()
+                continue
+            delay = clock.delay(snap.t, self.speed)
+            if delay <= 0:
+                return True
+            await self._wait(min(delay, 1.0))
+        return False

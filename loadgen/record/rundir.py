@@ -7,6 +7,9 @@ Layout (every run, TUI or headless):
     snapshots.jsonl      one Snapshot (loadgen.model.snapshot.to_json) per line, per tick
     latency.hlog         the interval histograms, standard HdrHistogram interval log
     events.jsonl         one Event per line (errors, SLO, outages, operator, recording)
+    writer.lock          flock'd (exclusive) by the one process writing the run, for as
+                         long as it writes; first line "pid N on HOST"; while held it also
+                         reserves a little space for the final manifest on a full disk
     snapshots.000001.jsonl, latency.000001.hlog, events.000001.jsonl, …
                          later parts after rotation (by size or by hour); readers read
                          the unnumbered part first, then the numbered ones in order
@@ -16,32 +19,40 @@ a torn last line (the process died mid-write) or a corrupt line is skipped with 
 warning; a Snapshot of an unknown format version is refused (SnapshotVersionError).
 `RunReader.poll()` returns what is new since the last call, so the same reader
 serves a finished directory, a crashed one and one that is still being written.
+Whether it is still being written is known, not guessed: `run_state()` asks the
+kernel whether a live process holds writer.lock (a killed writer's lock is gone).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 
 import msgspec
 
 from loadgen.model.snapshot import SNAPSHOT_VERSION, Snapshot, SnapshotVersionError, from_json
+from loadgen.model.urls import public_url
 
 MANIFEST = "manifest.json"
+WRITER_LOCK = "writer.lock"
+# the manifest's "status" as the writer leaves it, and what a reader makes of "running"
+RUNNING, FINISHED, RECORDING_STOPPED = "running", "finished", "recording stopped"
+INTERRUPTED = "interrupted"  # says "running", but no live process holds writer.lock
 STREAMS = {"snapshots": ".jsonl", "latency": ".hlog", "events": ".jsonl"}
 MANIFEST_FORMAT = 1
-_SECRET = re.compile(r"(key|password|passwd|secret|token|credential|auth)", re.I)
-# config fields whose names look secret but hold none (token *counts*), the embedded
-# simulator's (RunConfig.sim, a SimConfig) among them
-_NOT_SECRET = {"input_tokens", "output_tokens", "max_tokens", "continuous_usage",
-               "kv_tokens", "prefill_ms_per_token", "prefill_chunk_tokens", "default_max_tokens",
-               "mean_output_tokens", "tokens_per_chunk", "kv_bytes_per_token"}
+# fields that hold a secret by what they are (RunConfig has none: secrets travel apart);
+# a name that merely contains "token" (input_tokens, tokentop_version) is not one
+SECRET_FIELDS = frozenset({"api_key", "apikey", "password", "passwd", "secret", "token",
+                           "authorization", "metrics_token", "mqtt_password", "basic_auth",
+                           "bearer_token", "access_token", "secret_key", "credentials",
+                           "require_authorization"})
 
 Warn = Callable[[str], None]
 
@@ -85,15 +96,19 @@ def parts(run_dir: Path, stream: str) -> list[Path]:
 # ---- the manifest -----------------------------------------------------------------------
 
 
-def scrub(value):
-    """A copy with every field named like a secret removed (defensive: none should be there)."""
+def scrub(value, secrets: Iterable[str] = ()):
+    """A copy fit to write: secret fields removed, every known secret value cut out of every
+    string, and URLs without their userinfo (defence in depth: none should be there)."""
     if isinstance(value, dict):
-        return {
-            k: ("[removed]" if _SECRET.search(str(k)) and k not in _NOT_SECRET else scrub(v))
-            for k, v in value.items()
-        }
+        return {k: "[removed]" if str(k).lower() in SECRET_FIELDS else scrub(v, secrets)
+                for k, v in value.items()}
     if isinstance(value, list):
-        return [scrub(v) for v in value]
+        return [scrub(v, secrets) for v in value]
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret:
+                value = value.replace(secret, "[removed]")
+        return public_url(value) if "://" in value and "@" in value else value
     return value
 
 
@@ -123,7 +138,7 @@ def read_manifest(run_dir: Path) -> dict:
     path = Path(run_dir) / MANIFEST
     try:
         return json.loads(path.read_text())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         if parts(Path(run_dir), "snapshots"):
             return {}  # the manifest never made it; the snapshots still tell the story
         if not Path(run_dir).is_dir():
@@ -132,6 +147,47 @@ def read_manifest(run_dir: Path) -> dict:
                           "(no manifest.json, no snapshots.jsonl)") from None
     except (OSError, ValueError) as e:
         raise RunDirError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+
+
+# ---- is anyone writing it? --------------------------------------------------------------
+
+
+def writer_alive(run_dir: Path | str) -> bool:
+    """Whether a live process holds the run's writer lock (the Recorder holds it, exclusive,
+    from create/resume to close). The kernel drops a flock when its holder dies, kill -9
+    and OOM kills included, so this is a fact where a heartbeat's age would be a guess."""
+    try:
+        fd = os.open(Path(run_dir) / WRITER_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False  # no lock file: recorded before writer.lock existed, or never started
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released by the close below
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False  # a file system without flock: no writer can hold it either
+    finally:
+        os.close(fd)
+    return False
+
+
+def run_state(run_dir: Path | str) -> str:
+    """RUNNING (a live writer), INTERRUPTED (the manifest says running, but its writer is
+    gone: killed, crashed, or the machine went down), else the status the writer left
+    (FINISHED, RECORDING_STOPPED). Raises RunDirError when it is no run directory."""
+    alive = writer_alive(run_dir)  # first: a writer leaves its last status, then the lock
+    status = read_manifest(Path(run_dir)).get("status") or RUNNING  # {}: manifest never made
+    if status != RUNNING:
+        return status
+    return RUNNING if alive else INTERRUPTED
+
+
+def still_written(run_dir: Path | str) -> bool:
+    """Whether more Snapshots may still come (what a follower waits for)."""
+    try:
+        return run_state(run_dir) == RUNNING
+    except RunDirError:
+        return False
 
 
 # ---- reading ----------------------------------------------------------------------------
@@ -270,18 +326,13 @@ def iter_snapshots(run_dir: Path | str, *, warn: Warn | None = None) -> Iterator
         reader.finish()
 
 
-def is_finished(run_dir: Path | str) -> bool:
-    with contextlib.suppress(RunDirError):
-        return read_manifest(Path(run_dir)).get("status") in ("finished", "stopped")
-    return False
-
-
 async def follow_snapshots(
     run_dir: Path | str, *, warn: Warn | None = None, poll_s: float = 0.25,
     stop_when_finished: bool = True,
 ) -> AsyncIterator[Snapshot]:
-    """tail -f: every Snapshot so far, then new ones as they are written, until the
-    manifest says the run is over (or forever with stop_when_finished=False)."""
+    """tail -f: every Snapshot so far, then new ones as they are written, until no live
+    writer is left (finished, recording stopped, or killed), or forever with
+    stop_when_finished=False."""
     import asyncio
 
     with RunReader(run_dir, warn=warn) as reader:
@@ -291,8 +342,8 @@ async def follow_snapshots(
                 yield snap
             if batch:
                 continue
-            if stop_when_finished and is_finished(run_dir):
-                for snap in reader.poll():
+            if stop_when_finished and not still_written(run_dir):
+                for snap in reader.poll():  # what came between the last poll and the end
                     yield snap
                 reader.finish()
                 return

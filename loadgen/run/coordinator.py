@@ -67,7 +67,6 @@ class Coordinator:
         self.cfg = cfg
         self.parsed = cfg.parsed()  # raises ConfigError before anything starts
         self.secrets = secrets or Secrets()
-        self.api_key = self.secrets.api_key
         self.resume = resume
         self.run_id = resume.run_id if resume else uuid.uuid4().hex[:12]
         self.sim: EmbeddedSim | None = None
@@ -124,7 +123,8 @@ class Coordinator:
             base = await self.sim.start()
         else:
             base = check_url(cfg.url)
-        model = await resolve_model(self._session, base, cfg.model, self.api_key)
+        model = await resolve_model(self._session, base, cfg.model,
+                                    self.secrets.authorization())
         self.target = Target(url=base, model=model, api=cfg.api, simulated=self.sim is not None)
         self.host = HostProbe()
         root = base.removesuffix("/v1")
@@ -133,8 +133,9 @@ class Coordinator:
         # a token of its own for /metrics (--metrics-token-file); else the API key, but only
         # on the target's own origin, never sent to another host
         same_origin = urlsplit(metrics_url)[:2] == urlsplit(base)[:2]
-        token = self.secrets.metrics_token or (self.api_key if same_origin else None)
-        self.server_probe = ServerMetricsProbe(metrics_url, self._session, bearer_token=token)
+        own = self.secrets.metrics_token
+        auth = f"Bearer {own}" if own else (self.secrets.authorization() if same_origin else None)
+        self.server_probe = ServerMetricsProbe(metrics_url, self._session, authorization=auth)
         self.process_probe = self._process_probe(base)
         await self._sample_probes()
         self._probe_task = asyncio.create_task(self._probe_loop())
@@ -160,10 +161,9 @@ class Coordinator:
     async def _start_workers(self, base: str, model: str) -> None:
         cfg = self.cfg
         workload = self.parsed.workload(cfg, model)
-        env = dict(os.environ)
-        env.pop("TOKENTOP_API_KEY", None)
-        if self.api_key:
-            env["TOKENTOP_API_KEY"] = self.api_key
+        # the credential goes down each worker's control pipe, never into its environment
+        # (where `ps e` would show it)
+        env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
         n = self.pool.n
         configure = [
             wire.Configure(
@@ -171,7 +171,7 @@ class Coordinator:
                 client=cfg.client, slo=self.parsed.slo, cancelling=self.parsed.cancelling,
                 max_requests=None if cfg.max_requests is None
                 else cfg.max_requests // n + (1 if i < cfg.max_requests % n else 0),
-                calibrate=cfg.calibrate,
+                calibrate=cfg.calibrate, authorization=self.secrets.authorization(),
             )
             for i in range(n)
         ]
@@ -356,7 +356,8 @@ class Coordinator:
             self._note_errors(r)
         self._track_error_rate(t)
         self._track_outage(t, tick)
-        self._flush_error_events(t)
+        # the last tick says every error still held back, so the events add up to the totals
+        self._flush_error_events(t, everything=self.state == "stopped")
         self._check_client(lag if reports else None, t)
         for failure in self.pool.failures():
             if failure not in self._reported_failures:
@@ -473,10 +474,11 @@ class Coordinator:
             count, _ = self._pending_errors.get(kind, (0, ""))
             self._pending_errors[kind] = (count + n, r.last_errors.get(kind, ""))
 
-    def _flush_error_events(self, now: float) -> None:
+    def _flush_error_events(self, now: float, everything: bool = False) -> None:
         """Errors become events, at most one per kind every few seconds, with their count."""
         for kind, (count, message) in list(self._pending_errors.items()):
-            if now - self._last_error_event.get(kind, 0.0) < ERROR_EVENT_EVERY_S:
+            recent = now - self._last_error_event.get(kind, 0.0) < ERROR_EVENT_EVERY_S
+            if recent and not everything:
                 continue
             self._last_error_event[kind] = now
             del self._pending_errors[kind]
@@ -507,6 +509,9 @@ class Coordinator:
                 self._event("probe", f"server /metrics answering again ({server.url})")
             else:
                 self._event("probe", f"server /metrics: {server.error}", level="warn")
+        if previous is not None and server.restarts > previous.restarts:
+            self._event("restart", "the server restarted: its /metrics counters went back to "
+                        "zero", level="warn")
         self._server = server
         self._gpu = gpu
 

@@ -27,10 +27,10 @@ def check_url(url: str) -> str:
 
 
 async def resolve_model(
-    session: aiohttp.ClientSession, base_url: str, model: str | None, api_key: str | None
+    session: aiohttp.ClientSession, base_url: str, model: str | None, authorization: str | None
 ) -> str:
     """The model to use: the one asked for if served, else the server's first."""
-    served = await list_models(session, base_url, api_key)
+    served = await list_models(session, base_url, authorization)
     if model is None:
         if not served:
             raise TargetError(f"{base_url} serves no models (GET /models returned an empty list)")
@@ -43,10 +43,10 @@ async def resolve_model(
 
 
 async def list_models(
-    session: aiohttp.ClientSession, base_url: str, api_key: str | None
+    session: aiohttp.ClientSession, base_url: str, authorization: str | None
 ) -> list[str]:
     url = f"{base_url}/models"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = {"Authorization": authorization} if authorization else {}
     try:
         async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as r:
             if r.status in (401, 403):

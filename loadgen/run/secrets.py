@@ -7,13 +7,36 @@ are used only to authenticate. `repr()` says whether each is set, never what it 
 
 from __future__ import annotations
 
+import base64
+
 import msgspec
 
 
 class Secrets(msgspec.Struct, kw_only=True, frozen=True):
     api_key: str | None = None  # the target's OpenAI API key (Bearer)
+    basic_auth: str | None = None  # "user:password" from the --url's userinfo (HTTP Basic)
     metrics_token: str | None = None  # a bearer token of its own for --metrics-url
     mqtt_password: str | None = None  # the broker password (--publish, agent)
+
+    def authorization(self) -> str | None:
+        """The target's Authorization header: the API key as a Bearer token, else the URL's
+        user:password as HTTP Basic (a proxy in front of the server), else none."""
+        if self.api_key:
+            return f"Bearer {self.api_key}"
+        if self.basic_auth:
+            return "Basic " + base64.b64encode(self.basic_auth.encode()).decode()
+        return None
+
+    def values(self) -> list[str]:
+        """Every secret string, for scrubbing whatever is written (defence in depth)."""
+        out = [v for v in (self.api_key, self.metrics_token, self.mqtt_password) if v]
+        if self.basic_auth:
+            out.append(self.basic_auth)
+            password = self.basic_auth.partition(":")[2]
+            if len(password) >= 4:  # a one-letter password would scrub every such letter
+                out.append(password)
+        auth = self.authorization()
+        return [*out, auth.split(" ", 1)[1]] if auth else out
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{f}={'set' if getattr(self, f) else 'unset'}"

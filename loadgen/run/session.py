@@ -38,7 +38,7 @@ from loadgen.model.slo import Slos
 from loadgen.model.snapshot import Control, Snapshot, SnapshotVersionError
 from loadgen.model.windows import SnapshotWindows
 from loadgen.record.recorder import Recording, RecordingError
-from loadgen.record.rundir import iter_snapshots
+from loadgen.record.rundir import iter_snapshots, scrub
 from loadgen.run.config import ConfigError, RunConfig
 from loadgen.run.coordinator import Coordinator
 from loadgen.run.preflight import TargetError
@@ -152,7 +152,8 @@ class Session:
             self.sinks.insert(0, self.publish)
         self.coord = Coordinator(cfg, self.secrets, resume=resume)
         self.recording = Recording.open(
-            config=msgspec.to_builtins(cfg), run_id=self.coord.run_id, out=cfg.out,
+            config=self._fit_to_write(msgspec.to_builtins(cfg)), run_id=self.coord.run_id,
+            out=cfg.out,
             resume=cfg.resume, on_disk_full=cfg.on_disk_full, record=self.record)
 
     async def _start_sinks(self) -> None:
@@ -207,6 +208,7 @@ class Session:
         summary["thresholds"] = thresholds(self.cfg, self.windows)
         for sink in self._started_sinks:
             sink.finish(summary)
+        summary = self._fit_to_write(summary)
         code, reason = exit_status(summary, self._recording_failed)
         summary["exit"] = {"code": code, "reason": reason}
         close_error = self.recording.close(summary)
@@ -221,6 +223,10 @@ class Session:
         await self._close_sinks()
         self._finished = Outcome(code, reason, summary)
         return self._finished
+
+    def _fit_to_write(self, data: dict) -> dict:
+        """`data` with every secret of this run cut out: what goes on disk or to a user."""
+        return scrub(data, self.secrets.values())
 
     async def _close_sinks(self) -> None:
         for sink in self._started_sinks:

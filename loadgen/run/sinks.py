@@ -43,8 +43,13 @@ class SinkError(Exception):
     """A sink cannot start; str(e) is the message for the user."""
 
 
+# info events a headless run also prints as they happen: the good news after a bad one
+PRINTED_INFO = ("recovery", "slo", "gpu")
+
+
 class ProgressLines:
-    """A line a second on stderr (and every warning or error event as it happens)."""
+    """A line a second on stderr (and every warning or error event as it happens, with the
+    recoveries that end them)."""
 
     def __init__(self, say: Say) -> None:
         self.say = say
@@ -59,6 +64,8 @@ class ProgressLines:
         for ev in snap.events:
             if ev.level != "info":
                 self.say(f"tokentop: {ev.level}: {ev.message}")
+            elif ev.kind in PRINTED_INFO:
+                self.say(f"tokentop: {ev.message}")
         if int(snap.elapsed) > self._last_second or snap.load.state == "stopped":
             self._last_second = int(snap.elapsed)
             line = progress_line(snap, windows.stats("10s"))

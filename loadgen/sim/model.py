@@ -68,6 +68,9 @@ class SimConfig:
     power_limit_w: float = 700.0
     ambient_c: float = 30.0
     c_per_watt: float = 0.07  # steady-state temperature rise per watt drawn
+    # a server that wants credentials: /v1/* answers 401 unless the Authorization header is
+    # exactly this (e.g. "Bearer sk-…" or "Basic …"); None: no authentication
+    require_authorization: str | None = None
 
     def __post_init__(self) -> None:
         # A zero here would leave requests queued forever: refuse it up front.

@@ -328,7 +328,8 @@ class SimServer:
         self.host = "127.0.0.1"
         self.port = 0
         self._outage_task: asyncio.Task[None] | None = None
-        app = web.Application()
+        self.unauthorized = 0  # /v1 requests refused for a missing or wrong Authorization
+        app = web.Application(middlewares=[self._authenticate])
         app.add_routes(
             [
                 web.post("/v1/chat/completions", self._chat),
@@ -342,6 +343,19 @@ class SimServer:
             ]
         )
         self.app = app
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler):
+        """With `require_authorization`, /v1/* wants exactly that Authorization header."""
+        want = self.cfg.require_authorization
+        if want is None or not request.path.startswith("/v1/"):
+            return await handler(request)
+        if request.headers.get("Authorization") != want:
+            self.unauthorized += 1
+            return web.json_response(
+                {"error": {"message": "invalid or missing credentials", "type": "auth_error",
+                           "code": 401}}, status=401)
+        return await handler(request)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=True)

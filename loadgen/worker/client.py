@@ -30,13 +30,13 @@ class StreamingClient:
         url: str,
         rec: IntervalRecorder,
         *,
-        api_key: str | None = None,
+        authorization: str | None = None,
         timeout: float = 600.0,
         slo: Slo | None = None,
         calibrate: bool = False,
     ) -> None:
         self.url = url
-        self.endpoint = Endpoint(url, api_key)
+        self.endpoint = Endpoint(url, authorization)
         self.rec = rec
         self.timeout = timeout
         self.slo = slo

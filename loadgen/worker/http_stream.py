@@ -28,7 +28,7 @@ MAX_ERROR_BODY = 4000
 class Endpoint:
     """Where requests go and the bytes every request starts with."""
 
-    def __init__(self, url: str, api_key: str | None = None) -> None:
+    def __init__(self, url: str, authorization: str | None = None) -> None:
         parts = urlsplit(url)
         self.host = parts.hostname or "127.0.0.1"
         self.tls = parts.scheme == "https"
@@ -41,8 +41,8 @@ class Endpoint:
             "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
             "User-Agent: tokentop\r\n"
         )
-        if api_key:
-            head += f"Authorization: Bearer {api_key}\r\n"
+        if authorization:
+            head += f"Authorization: {authorization}\r\n"
         self._head = head.encode()
 
     def request_bytes(self, body: bytes) -> bytes:

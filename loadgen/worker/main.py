@@ -51,7 +51,7 @@ class LagMeter:
 
 
 class Worker:
-    def __init__(self, cfg: wire.Configure, api_key: str | None) -> None:
+    def __init__(self, cfg: wire.Configure) -> None:
         self.cfg = cfg
         self.rec = IntervalRecorder()
         self.lag = LagMeter()
@@ -60,7 +60,7 @@ class Worker:
         self._cpu_mark = time.process_time()
         self.sent = 0
         url = cfg.base_url.rstrip("/") + cfg.workload.path
-        self.client = make_client(cfg, url, self.rec, api_key)
+        self.client = make_client(cfg, url, self.rec)
         self.closed = ClosedLoop(self._send_one)
         self.open = OpenLoop(self._send_at, Arrivals(0.0, seed=cfg.workload.seed + cfg.index),
                              self._backlog_overflow)
@@ -162,13 +162,14 @@ class Worker:
         )
 
 
-def make_client(cfg: wire.Configure, url: str, rec: IntervalRecorder, api_key: str | None):
+def make_client(cfg: wire.Configure, url: str, rec: IntervalRecorder):
     if cfg.client == "openai":
         from loadgen.worker.openai_client import OpenAIClient
 
-        return OpenAIClient(url, rec, api_key=api_key, timeout=cfg.request_timeout, slo=cfg.slo)
+        return OpenAIClient(url, rec, authorization=cfg.authorization,
+                            timeout=cfg.request_timeout, slo=cfg.slo)
     return StreamingClient(
-        url, rec, api_key=api_key, timeout=cfg.request_timeout, slo=cfg.slo,
+        url, rec, authorization=cfg.authorization, timeout=cfg.request_timeout, slo=cfg.slo,
         calibrate=cfg.calibrate,
     )
 
@@ -193,7 +194,7 @@ async def _main() -> int:
     if not isinstance(cfg, wire.Configure):
         return 2
     try:
-        await Worker(cfg, os.environ.get("TOKENTOP_API_KEY")).run(reader, writer)
+        await Worker(cfg).run(reader, writer)
     except Exception as e:  # reported to the coordinator in words, then logged in full
         log.exception("worker %d failed", cfg.index)
         writer.write(wire.frame(wire.Failed(cfg.index, f"{type(e).__name__}: {e}")))

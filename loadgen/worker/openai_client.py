@@ -31,15 +31,21 @@ class OpenAIClient:
         url: str,
         rec: IntervalRecorder,
         *,
-        api_key: str | None = None,
+        authorization: str | None = None,
         timeout: float = 600.0,
         slo: Slo | None = None,
     ) -> None:
         self.chat = url.endswith("/chat/completions")
         base = url.rsplit("/chat/completions" if self.chat else "/completions", 1)[0]
         self.url = url
+        # the SDK sends "Bearer <api_key>"; any other scheme (Basic) goes as a header of its own
+        scheme, _, credential = (authorization or "").partition(" ")
+        bearer = scheme == "Bearer"
         self.sdk = openai.AsyncOpenAI(
-            base_url=base, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
+            base_url=base, api_key=credential if bearer else "not-needed", timeout=timeout,
+            max_retries=0,
+            default_headers=None if bearer or not authorization
+            else {"Authorization": authorization},
         )
         self.rec = rec
         self.slo = slo

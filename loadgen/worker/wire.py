@@ -48,6 +48,8 @@ class Configure(msgspec.Struct, tag="configure", kw_only=True):
     cancelling: Cancelling = Cancelling()
     max_requests: int | None = None  # this worker's share of a request-count limit
     calibrate: bool = False  # measure timing error against the exact-timing simulator
+    # the target's Authorization header value (a secret: this pipe is the only way it travels)
+    authorization: str | None = None
 
 
 class SetLoad(msgspec.Struct, tag="set_load"):

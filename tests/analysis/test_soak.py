@@ -157,6 +157,8 @@ async def test_outage_and_mttr_from_a_real_simulator_outage(sim, tmp_path):
         assert resp.status == 200, await resp.text()
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
+    # stderr tells both ends of the outage, as they happen
+    assert "outage started" in err.decode() and "recovered after" in err.decode()
     r = analyze(iter_snapshots(out))
     client = [o for o in r["outages"] if o["kind"] == "client"]
     server = [o for o in r["outages"] if o["kind"] == "server"]

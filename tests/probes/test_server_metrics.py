@@ -330,7 +330,7 @@ async def test_bearer_token_is_sent_and_not_leaked(
     server: MetricsServer, session: aiohttp.ClientSession
 ) -> None:
     server.status = 404
-    probe = ServerMetricsProbe(server.base + "/metrics", session, bearer_token="s3cret")
+    probe = ServerMetricsProbe(server.base + "/metrics", session, authorization="Bearer s3cret")
     m = await probe.sample()
     assert server.seen_auth == ["Bearer s3cret"]
     assert "s3cret" not in repr(m)

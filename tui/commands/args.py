@@ -215,10 +215,15 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     """The RunConfig of parsed run arguments, the embedded simulator's flags resolved to a
     SimConfig here (once, by `tokentop sim`'s parser: embedded_sim_config); exits with one
     line when a value cannot be used."""
+    from loadgen.model.urls import public_url
     from loadgen.run.config import ConfigError, RunConfig
 
     fields = set(RunConfig.__struct_fields__) - {"sim", "sim_flags"}
     values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    # what is recorded, shown and published never carries credentials (secrets_from has them)
+    for url in ("url", "metrics_url"):
+        if values.get(url):
+            values[url] = public_url(values[url])
     flags = _sim_flags(args)
     cfg = RunConfig(**values, sim=_embedded_sim(flags), sim_flags=flags)
     try:
@@ -409,19 +414,35 @@ def embedded_sim_config(flags: list[str]) -> SimConfig:
 # ---- secrets: read here, from files or the environment, never from argv ---------------------
 
 
-def read_secret(path: Path, flag: str) -> str | None:
-    """A secret file's text (stripped; empty is none); one line and exit 2 if unreadable."""
+def read_secret(path: Path, flag: str, prog: str = "tokentop") -> str:
+    """A secret file's one line (surrounding whitespace and the final newline stripped);
+    one line naming the file and exit 2 if it cannot be read, is empty, or holds more than
+    a single line (a header value cannot hold a line break)."""
     try:
-        return path.read_text().strip() or None
-    except OSError as e:
-        fail(f"cannot read {flag} {path}: {e.strerror or e}")
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"cannot read {flag} {path}: {getattr(e, 'strerror', None) or e}", prog)
+    return checked_secret(text, f"{flag} {path}", prog)
+
+
+def checked_secret(text: str, where: str, prog: str = "tokentop") -> str:
+    """`text` as a secret, or one line saying what is wrong with `where` and exit 2."""
+    if not text:
+        fail(f"{where} is empty: it should hold the secret on one line", prog)
+    if any(c in text for c in "\r\n"):
+        fail(f"{where} holds more than one line: put the secret alone on one line", prog)
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        fail(f"{where} holds control characters: it should hold the secret alone, as text",
+             prog)
+    return text
 
 
 def api_key_from(args: argparse.Namespace) -> str | None:
-    """The API key: --api-key-file, else $OPENAI_API_KEY."""
+    """The API key: --api-key-file, else $OPENAI_API_KEY (an empty variable is no key)."""
     if getattr(args, "api_key_file", None) is not None:
         return read_secret(args.api_key_file, "--api-key-file")
-    return os.environ.get(API_KEY_ENV) or None
+    key = os.environ.get(API_KEY_ENV, "").strip()
+    return checked_secret(key, f"${API_KEY_ENV}") if key else None
 
 
 def metrics_token_from(args: argparse.Namespace) -> str | None:
@@ -434,10 +455,13 @@ def metrics_token_from(args: argparse.Namespace) -> str | None:
 
 def secrets_from(args: argparse.Namespace, *, mqtt_password: str | None = None) -> Secrets:
     """Every secret the run needs, read once here; they travel apart from the RunConfig."""
+    from loadgen.model.urls import basic_credentials
     from loadgen.run.secrets import Secrets
 
+    url = getattr(args, "url", None)
     return Secrets(api_key=api_key_from(args), metrics_token=metrics_token_from(args),
-                   mqtt_password=mqtt_password)
+                   mqtt_password=mqtt_password,
+                   basic_auth=basic_credentials(url) if url else None)
 
 
 # ---- the MQTT broker (agent, fleet, the console's --publish) --------------------------------

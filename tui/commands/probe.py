@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tui.commands.args import Parser, fail
+from tui.commands.args import Parser, read_secret
 
 
 def main(argv: list[str]) -> int:
@@ -50,12 +50,7 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _token(path: Path | None) -> str | None:
     """The bearer token for /metrics; an unreadable file is one line and exit 2."""
-    if path is None:
-        return None
-    try:
-        return path.read_text().strip() or None
-    except OSError as e:
-        fail(f"cannot read --api-key-file {path}: {e.strerror}", prog="tokentop probe")
+    return None if path is None else read_secret(path, "--api-key-file", "tokentop probe")
 
 
 def _probe(args: argparse.Namespace, token: str | None) -> int:

@@ -20,10 +20,22 @@ def main(argv: list[str]) -> int:
                    "run's own --slo, as recorded")
     p.add_argument("--theme")
     args = p.parse_args(argv)
-    if not (args.run_dir / "manifest.json").exists() and not args.run_dir.is_dir():
-        fail(f"{args.run_dir} is not a run directory")
+    _check(args.run_dir)
     return _replay(args.run_dir, speed=args.speed, follow=False if args.no_follow else None,
                    slo=args.slo, theme=args.theme)
+
+
+def _check(run_dir: Path) -> None:
+    """Nothing to show (not a directory, not a run directory, no Snapshot yet): one line and
+    exit 2 before the console starts, as `tokentop report` does, not a console with an
+    error that then exits 0."""
+    from loadgen.model.source import SourceError
+    from loadgen.record.replay import check_replayable
+
+    try:
+        check_replayable(run_dir)
+    except SourceError as e:
+        fail(str(e), prog="tokentop replay")
 
 
 def _replay(run_dir: Path, *, speed: float, follow: bool | None, slo: str | None,

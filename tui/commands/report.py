@@ -1,7 +1,8 @@
 """`tokentop report DIR`: a soak report of a run directory (loadgen/analysis/report.py).
 
 Exit codes: 0 report written (thresholds passed or none); 3 a threshold failed;
-2 not a readable run directory, a bad option, or the report cannot be written.
+2 not a readable run directory, a bad option, or the report cannot be written (the
+summary is printed all the same, and one line on stderr says which files are missing).
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ def main(argv: list[str]) -> int:
 
 
 def report_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="tokentop report", description="A soak report of a run directory.")
+    p = Parser(prog="tokentop report", description="A soak report of a run directory.",
+               epilog="exit codes: 0 report written; 3 a threshold failed; 2 not a readable "
+               "run directory, a bad option, or part of the report could not be written "
+               "(a full disk: the summary is still printed)")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--out-dir", type=Path, help="where to write (default: the run directory)")
     p.add_argument("--slo", help="thresholds to judge (default: the run's own --slo)")
@@ -52,7 +56,7 @@ def _report(args: argparse.Namespace) -> int:
     from loadgen.record.rundir import RunDirError
 
     try:
-        code, _ = write_report(
+        code, r = write_report(
             args.run_dir, out_dir=args.out_dir, slo=args.slo, plots=not args.no_plots,
             bucket_s=args.bucket, tail_k=args.tail_k, tail_abs_us=args.tail_ms)
     except (RunDirError, SnapshotVersionError, ValueError) as e:  # ValueError: a bad --slo
@@ -61,4 +65,14 @@ def _report(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"tokentop: cannot write the report: {e.strerror or e}", file=sys.stderr)
         return 2
+    if r.get("not_written"):
+        where = args.out_dir or args.run_dir
+        print(f"tokentop report: {not_written_line(r['not_written'], where)}", file=sys.stderr)
     return code
+
+
+def not_written_line(missing: list[dict], where: Path) -> str:
+    """One line for every file the report could not write (a full disk fails them all)."""
+    whys = sorted({m["why"] for m in missing})
+    return (f"could not write {', '.join(m['file'] for m in missing)} in {where} "
+            f"({'; '.join(whys)}); nothing partial was left")
