@@ -118,18 +118,20 @@ class SnapshotWindows:
             "run": RollingHistograms(None),
         }
         # (t, counters) per tick for rates, 10 minutes at most (a few small objects a tick)
-        self._counters: deque[tuple[float, Counters]] = deque()
-        self._first: tuple[float, Counters] | None = None
+        # (t, counters, elapsed) per tick: windows are chosen by wall time t, but rates divide
+        # by elapsed load time, which a resumed run's gap (tokentop not running) is not part of
+        self._counters: deque[tuple[float, Counters, float]] = deque()
+        self._first: tuple[float, Counters, float] | None = None
         self.last: Snapshot | None = None
 
     def add(self, snap: Snapshot) -> None:
         interval = {m: hdr.decode(blob) for m, blob in snap.hist.items() if m in METRICS}
         for r in self._rolling.values():
             r.add(snap.t, interval)
-        point = (snap.t, snap.counters)
+        point = (snap.t, snap.counters, snap.elapsed)
         if self._first is None:
             # rates over the whole run start from zero at the run's start
-            self._first = (snap.t - snap.elapsed, Counters())
+            self._first = (snap.t - snap.elapsed, Counters(), 0.0)
             self._counters.append(self._first)
         self._counters.append(point)
         while self._counters and self._counters[0][0] < snap.t - 600.0 - 10.0:
@@ -145,7 +147,7 @@ class SnapshotWindows:
             r.reset()
         self._counters.clear()
         if self.last is not None:
-            self._first = (self.last.t, self.last.counters)
+            self._first = (self.last.t, self.last.counters, self.last.elapsed)
             self._counters.append(self._first)
 
     def dense(self, name: str) -> dict[str, np.ndarray]:
@@ -163,7 +165,7 @@ class SnapshotWindows:
         rates = _rates(start, end)
         return WindowStats(
             name=name,
-            seconds=(end[0] - start[0]) if start and end else 0.0,
+            seconds=(end[2] - start[2]) if start and end else 0.0,
             latency=latency,
             **rates,
         )
@@ -183,11 +185,11 @@ class SnapshotWindows:
 
 
 def _rates(start, end) -> dict:
-    if not start or not end or end[0] - start[0] <= 0:
+    if not start or not end or end[2] - start[2] <= 0:
         # no time covered yet (just started, or just reset): nothing counted, no rates
         return dict(output_tok_s=None, input_tok_s=None, req_s=None, err_s=None,
                     requests_ok=0, requests_failed=0)
-    dt = end[0] - start[0]
+    dt = end[2] - start[2]  # load seconds: a resumed run's gap is not in them
     a, b = start[1], end[1]
     errors = {k: v - a.errors.get(k, 0) for k, v in b.errors.items() if v - a.errors.get(k, 0)}
     return dict(

@@ -108,10 +108,11 @@ def exit_status(summary: dict, recording_failed: str | None = None) -> tuple[int
     if recording_failed:
         return EXIT_RECORDING_FAILED, f"recording failed, load stopped: {recording_failed}"
     tput = summary["throughput"]
-    return EXIT_OK, (
-        f"done: {ok} requests ok, {failed} failed, "
-        f"{tput['output_tok_s'] or 0:.0f} output tok/s over {summary['duration_s']:.1f} s"
-    )
+    done = (f"done: {ok} requests ok, {failed} failed, "
+            f"{tput['output_tok_s'] or 0:.0f} output tok/s over {summary['duration_s']:.1f} s")
+    if summary.get("recording_error"):  # --on-disk-full=continue: say so in the last line too
+        done += f"; recording stopped early: {summary['recording_error']}"
+    return EXIT_OK, done
 
 
 def write_json(path: Path, summary: dict) -> None:

@@ -52,10 +52,11 @@ class LengthDist(msgspec.Struct, frozen=True):
     def parse(cls, text: str | int) -> LengthDist:
         parts = str(text).strip().split(":")
         try:
-            if len(parts) == 1:
-                return cls("fixed", float(int(parts[0])))
-            kind, *nums = parts
-            values = [float(x) for x in nums]
+            if len(parts) == 1:  # a plain number is a fixed length, checked below like any
+                kind, values = "fixed", [float(int(parts[0]))]
+            else:
+                kind, *nums = parts
+                values = [float(x) for x in nums]
         except ValueError:
             raise WorkloadError(f"bad length {text!r}: use e.g. 128, uniform:64:256, "
                                 "normal:128:32 or lognormal:128:0.5") from None

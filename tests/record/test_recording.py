@@ -183,6 +183,8 @@ async def test_file_size_limit_in_a_real_headless_run_stops_or_continues(sim, tm
     assert "Traceback" not in stop.stderr
     assert cont.returncode == 0, cont.stderr
     assert "the load goes on without recording" in cont.stderr
+    last = cont.stderr.strip().splitlines()[-1]  # the final line says it too
+    assert last.startswith("tokentop: done:") and "recording stopped early: file size" in last
     # what was written before is still readable
     for name in ("stop", "cont"):
         assert len(list(iter_snapshots(tmp_path / name, warn=lambda _m: None))) > 3

@@ -58,7 +58,9 @@ async def test_agent_resume_continues_the_same_run(sim, tmp_path):
     code, err = await cli(*agent_args(sim.url, "--duration", "1.5", "--out", str(out)))
     assert code == 0, err
     first = list(iter_snapshots(out))
-    code, err = await cli(*agent_args(sim.url, "--resume", str(out), "--duration", "1.5"))
+    summary = tmp_path / "summary.json"
+    code, err = await cli(*agent_args(sim.url, "--resume", str(out), "--duration", "1.5",
+                                      "--json", str(summary)))
     assert code == 0, err
     assert f"resuming {out}" in err
     every = list(iter_snapshots(out))
@@ -69,6 +71,13 @@ async def test_agent_resume_continues_the_same_run(sim, tmp_path):
     assert any(e.kind == "resume" for e in resumed_at.events)  # the gap is marked
     assert resumed_at.counters.requests_ok >= first[-1].counters.requests_ok
     assert len(read_manifest(out)["resumes"]) == 1
+    # the summary covers the whole run's load, not the time tokentop was not running
+    dead = resumed_at.t - resumed_at.interval - first[-1].t
+    assert dead > 0.3  # a new process started in between
+    s = json.loads(summary.read_text())
+    assert s["duration_s"] == pytest.approx(every[-1].elapsed, abs=0.05)
+    assert s["throughput"]["output_tok_s"] == pytest.approx(
+        every[-1].counters.output_tokens / s["duration_s"], rel=0.01)
 
 
 async def test_agent_exit_codes_are_headless_ones(sim, tmp_path):
