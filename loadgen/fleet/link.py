@@ -12,7 +12,14 @@ run `session(client)` for as long as the connection lives, and when the
 broker goes away (or refuses us) wait with exponential backoff and jitter, and
 connect again — until `close()`. Whoever uses it keeps working while it is
 down (the publisher holds a backlog); nothing here ever raises to the caller
-because the broker is unreachable.
+because the broker is unreachable. The backoff starts at `min_backoff`, doubles
+up to `max_backoff`, and starts over after every successful connect, so a
+broker that restarts is back in use within about `max_backoff` seconds.
+
+The first attempt's outcome is kept (`first_attempt`, `refused_at_start`): a
+broker that answers the very first CONNACK with "bad user name or password" /
+"not authorized" is a configuration error the caller may refuse to run with,
+where a broker that is not there at all (or refuses us later) is an outage.
 """
 
 from __future__ import annotations
@@ -166,6 +173,18 @@ def describe_error(e: BaseException, settings: BrokerSettings) -> str:
     return f"{settings.display}: {text}"
 
 
+# CONNACK reason codes that refuse the credentials: 4 / 5 in MQTT 3.1.1, 134 / 135 in v5
+AUTH_REFUSED = frozenset({4, 5, 134, 135})
+
+
+def refused_credentials(e: BaseException) -> bool:
+    """Did the broker answer and refuse who we are (rather than not answer at all)?"""
+    if not isinstance(e, aiomqtt.MqttCodeError):
+        return False
+    rc = getattr(e.rc, "value", e.rc)  # paho's ReasonCode, or a 3.1.1 int
+    return isinstance(rc, int) and rc in AUTH_REFUSED
+
+
 class MqttLink:
     """Stay connected to one broker and run a session on every connection.
 
@@ -198,6 +217,8 @@ class MqttLink:
         self.client: aiomqtt.Client | None = None
         self.last_error: str | None = None
         self.connects = 0  # successful connections so far
+        self.first_attempt = asyncio.Event()  # set once the first connect has an outcome
+        self.refused_at_start = False  # the broker refused the credentials on that attempt
         self._closing = False
         self._said: str | None = None
         self._sleep: asyncio.Task | None = None
@@ -228,30 +249,35 @@ class MqttLink:
         """Connect and run `session` until `close()`; reconnect with backoff on any loss."""
         backoff = self.min_backoff
         while not self._closing:
-            started = time.monotonic()
+            connected_at: float | None = None
+            quiet = False
             try:
                 async with self._client() as client:
+                    connected_at = time.monotonic()
                     self.client = client
                     self.connects += 1
                     self.last_error = None
                     self.connected.set()
+                    self.first_attempt.set()
                     self._state("connected", None)
                     await session(client)
                     if self._closing:
                         return
-            except aiomqtt.MqttError as e:
+            except (aiomqtt.MqttError, OSError) as e:  # OSError: DNS, TLS handshake and the like
                 self.last_error = describe_error(e, self.settings)
-            except OSError as e:  # DNS, TLS handshake and the like
-                self.last_error = describe_error(e, self.settings)
+                if not self.first_attempt.is_set() and refused_credentials(e):
+                    # the caller decides (see `refused_at_start`); a retry says it
+                    self.refused_at_start = quiet = True
             finally:
                 self.client = None
                 if self.connected.is_set():
                     self.connected.clear()
+                self.first_attempt.set()
             if self._closing:
                 return
-            self._state("disconnected", self.last_error)
-            if time.monotonic() - started > 10.0:
-                backoff = self.min_backoff  # it had been up a while: retry soon
+            self._state("disconnected", self.last_error, quiet=quiet)
+            if connected_at is not None and time.monotonic() - connected_at > 1.0:
+                backoff = self.min_backoff  # it had been connected: start over, retry soon
             delay = backoff * random.uniform(0.8, 1.2)
             backoff = min(self.max_backoff, backoff * 2)
             self._sleep = asyncio.ensure_future(asyncio.sleep(delay))
@@ -259,8 +285,17 @@ class MqttLink:
                 await self._sleep
             self._sleep = None
 
-    def _state(self, state: str, error: str | None) -> None:
-        if error:
+    async def first_outcome(self, timeout: float) -> bool:
+        """Wait (at most `timeout` s) for the first connect attempt to end either way;
+        False if it is still going (a broker that does not answer)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.first_attempt.wait(), timeout)
+        return self.first_attempt.is_set()
+
+    def _state(self, state: str, error: str | None, *, quiet: bool = False) -> None:
+        if error and quiet:
+            log.debug("%s", error)
+        elif error:
             # the same failure on every retry is said once
             (log.warning if error != self._said else log.debug)("%s; retrying", error)
             self._said = error

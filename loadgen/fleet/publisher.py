@@ -60,6 +60,9 @@ DEFAULT_BACKLOG = 1200  # Snapshots: 10 minutes at 2 Hz, about 2 MB
 BATCH = 20  # catch-up publishes in flight at once
 STATUS_EVERY_S = 5.0  # a changed `dropped` count is re-published at most this often
 FLUSH_ON_CLOSE_S = 3.0
+# while a run is live its publisher retries a lost broker at least this often (one TCP connect
+# each): after a broker restart the agent is back, and "online" again, within seconds
+LIVE_MAX_BACKOFF = 2.0
 CONTENT_TYPE = "application/json"
 
 _json = msgspec.json.Encoder()
@@ -172,7 +175,7 @@ class SnapshotPublisher:
             identifier=f"tokentop-{self.fleet}-{self.agent}-{os.getpid()}",
             will=self._will(),
             min_backoff=min_backoff,
-            max_backoff=max_backoff,
+            max_backoff=min(max_backoff, LIVE_MAX_BACKOFF),
             on_state=on_state,
         )
         self._task: asyncio.Task | None = None
@@ -295,8 +298,8 @@ class SnapshotPublisher:
         subs = [(self.topic("resend"), 1)]
         if self.on_control is not None:
             subs += [(self.topic("control"), 1), (topic(self.fleet, "all", "control"), 1)]
-        await client.subscribe(subs)
-        await self._send_status(client, "online")
+        await client.subscribe(subs)  # first: whoever sees "online" may send a command at once
+        await self._send_status(client, "online")  # on every (re)connect: replaces the will
         tasks = [asyncio.create_task(self._sender(client)),
                  asyncio.create_task(self._receiver(client))]
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from loadgen.fleet.link import BrokerError, BrokerSettings, parse_broker_url
+from loadgen.fleet.link import PASSWORD_ENV, BrokerError, BrokerSettings, parse_broker_url
 from loadgen.fleet.publisher import SnapshotPublisher
 from loadgen.fleet.remote import RemoteCaps, RemoteControl
 from loadgen.model.snapshot import Snapshot
@@ -91,6 +91,8 @@ class Publish:
     """Every Snapshot to `tokentop/<fleet>/<name>/` (loadgen.fleet.publisher), with remote
     control when the agent allows it."""
 
+    FIRST_CONNECT_WAIT_S = 5.0  # at start, how long the first connect may take to be judged
+
     def __init__(self, p: PublishTo, password: str | None, say: Say) -> None:
         self.p = p
         self.say = say
@@ -117,6 +119,15 @@ class Publish:
             raise SinkError(str(e)) from None
         remote.reply_to = self.publisher.reply
         await self.publisher.start()
+        # credentials the broker refuses at start are a configuration error, not an outage: the
+        # run does not start. A broker that does not answer (yet) is an outage: the run goes on.
+        link = self.publisher.link
+        if await link.first_outcome(self.FIRST_CONNECT_WAIT_S) and link.refused_at_start:
+            await self.close()
+            s = self.settings
+            who = f"user {s.username!r}" if s.username else "anonymous clients (no user)"
+            raise SinkError(f"the broker {s.display} refused the credentials for {who}: check "
+                            f"--mqtt-password-file / ${PASSWORD_ENV}")
 
     def _on_state(self, state: str, _error: str | None) -> None:
         if state == "connected":
