@@ -20,6 +20,7 @@ ErrorKind = Literal[
     "empty_response",  # a stream with no text at all
     "cancelled",  # abandoned by the client on purpose (--cancel-rate), or at the drain
     "client_backlog_full",  # open loop: the client's own backlog overflowed
+    "client_fd_limit",  # this machine's open-file limit (ulimit -n) stopped a connection
 ]
 ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 

@@ -46,6 +46,7 @@ from loadgen.run.preflight import TargetError, check_url, resolve_model
 from loadgen.run.resume import ResumeFrom
 from loadgen.run.secrets import Secrets
 from loadgen.worker import wire
+from loadgen.worker.limits import FD_MARGIN, raise_open_file_limit, streams_that_fit
 from probes.gpu import GpuProbe
 from probes.host import HostProbe
 from probes.process import ProcessProbe, local_port
@@ -117,6 +118,7 @@ class Coordinator:
 
     async def _start(self) -> None:
         cfg = self.cfg
+        self._check_open_files()
         self._session = aiohttp.ClientSession()
         if cfg.url is None:
             self.sim = EmbeddedSim(cfg.sim)
@@ -149,6 +151,20 @@ class Coordinator:
         workload = self.parsed.workload(cfg, model)
         self._event("run", f"run started: {self._load_text()}; {workload.describe()}; "
                     f"model {model}")
+
+    def _check_open_files(self) -> None:
+        """Raise the open-file limit (the workers inherit it) and refuse, before any load, a
+        start that cannot fit under it: one socket a stream, in each worker."""
+        limit = raise_open_file_limit()
+        n = self.pool.n
+        spec = self.spec
+        streams = spec.concurrency if spec.mode == "closed" else (spec.max_in_flight or 0)
+        per_worker = -(-streams // n)  # the first workers take the remainder
+        if per_worker > streams_that_fit(limit):
+            raise ConfigError(
+                f"{streams} streams need about {per_worker + FD_MARGIN} open files in each of "
+                f"the {n} load worker(s), and this machine allows {limit} (ulimit -n): lower "
+                f"the load, add --workers, or raise the hard limit")
 
     def _process_probe(self, base: str) -> ProcessProbe:
         """The server's process: the embedded simulator's, or by --server-pid, the local

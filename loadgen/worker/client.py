@@ -10,6 +10,7 @@ malformed_chunk, empty_response, cancelled.
 from __future__ import annotations
 
 import asyncio
+import errno
 from time import perf_counter, time_ns
 
 import msgspec
@@ -93,7 +94,11 @@ class StreamingClient:
             else:
                 self.rec.error("timeout", f"no complete answer within {self.timeout:g} s")
         except OSError as e:
-            self.rec.error("connect", f"cannot connect to {self.url}: {_reason(e)}")
+            if e.errno in (errno.EMFILE, errno.ENFILE):  # our limit, not the server's fault
+                self.rec.error("client_fd_limit", f"no socket for a new stream: {_reason(e)} "
+                               "(ulimit -n): lower the load or raise the limit")
+            else:
+                self.rec.error("connect", f"cannot connect to {self.url}: {_reason(e)}")
             return False
         finally:
             self.in_flight -= 1

@@ -18,6 +18,7 @@ import time
 from loadgen.worker import eventloop, wire
 from loadgen.worker.client import StreamingClient
 from loadgen.worker.interval import IntervalRecorder
+from loadgen.worker.limits import raise_open_file_limit
 from loadgen.worker.load import Arrivals, ClosedLoop, OpenLoop
 from loadgen.worker.workload import RequestFactory
 
@@ -207,6 +208,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="worker: %(message)s")
     # Ctrl-C belongs to the coordinator, which drains the load in order
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise_open_file_limit()  # every stream is a socket
     return eventloop.run(_main)
 
 

@@ -100,11 +100,13 @@ async def test_brackets_raise_in_flight_to_20_and_p_pauses_and_resumes(sim):
 
 async def test_a_auto_ramps_to_the_slo_boundary_and_a_key_takes_over():
     """4 slots: past 4 streams a request waits a whole request for its first token, so
-    ttft_p99<60ms holds at 4 and not at 8; `a` climbs and settles at 4 in bounded time."""
+    ttft_p99<100ms holds at 4 (a few ms) and not at 8 (about a whole 32-token request, ~200
+    ms); the wide margin keeps a busy 2-core machine's hiccups at 4 streams under the limit.
+    `a` climbs and settles at 4 in bounded time."""
     from loadgen.sim import SimConfig, start_sim
 
     sim = await start_sim(SimConfig(slots=4), host="127.0.0.1", port=0)
-    cfg = RunConfig(url=sim.url, concurrency=1, output_tokens="32", slo="ttft_p99<60ms",
+    cfg = RunConfig(url=sim.url, concurrency=1, output_tokens="32", slo="ttft_p99<100ms",
                     workers=1, tick=0.25, drain_grace=1.0, auto_ramp_hold=1.5,
                     auto_ramp_warmup=1.0)
     app = TokentopApp(RunProcess(cfg), refresh=0.1, slo=cfg.slo)
