@@ -28,6 +28,7 @@ from pathlib import Path
 
 import msgspec
 
+from loadgen.model.kinds import SourceKind
 from loadgen.model.snapshot import Control, Snapshot, Target
 from loadgen.model.source import SourceError
 from loadgen.model.windows import SnapshotWindows
@@ -57,15 +58,15 @@ class SnapshotMsg(msgspec.Struct, tag="snapshot"):
     snapshot: Snapshot
 
 
-EngineMsg = Ready | Fatal | SnapshotMsg
-_decode_msg = msgspec.json.Decoder(EngineMsg).decode
+RunMsg = Ready | Fatal | SnapshotMsg
+_decode_msg = msgspec.json.Decoder(RunMsg).decode
 _encode = msgspec.json.Encoder().encode
 
 
 class RunProcess:
     """A SnapshotSource backed by a live run in a child process."""
 
-    kind = "live"
+    kind: SourceKind = "live"
 
     def __init__(self, cfg: RunConfig, secrets: Secrets | None = None, *, record: bool = True,
                  log_path: Path | None = None):
@@ -102,7 +103,7 @@ class RunProcess:
         self.target = msg.target
         self.description = f"live: {msg.target.url}"
 
-    async def _next_message(self, timeout: float | None = None) -> EngineMsg | None:
+    async def _next_message(self, timeout: float | None = None) -> RunMsg | None:
         assert self.proc is not None and self.proc.stdout is not None
         try:
             async with asyncio.timeout(timeout):
