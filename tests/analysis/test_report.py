@@ -1,4 +1,6 @@
-"""`tokentop report` (python -m loadgen.analysis.report) on a torn, still-running directory."""
+"""`tokentop report` on a torn, still-running directory, and on a disk that fills: the summary
+it computed is printed all the same, one line says what could not be written, no partial
+(0-byte) PNG is left, exit 2."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import sys
 
 import numpy as np
 from msgspec import to_builtins
+from support import fsize_limit, tokentop
 
 from loadgen.model import hdr
 from loadgen.model.snapshot import (
@@ -85,3 +88,51 @@ def test_report_on_a_missing_directory_is_one_line(tmp_path):
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "is not a directory" in proc.stderr
+
+
+# ---- on a full disk
+
+LIMIT = 16_000  # bytes a file: report.md and report.json fit (~2 and ~12 kB), no plot does
+
+
+def tick(i: int) -> Snapshot:
+    idx, cnt = hdr.sparse_counts(np.full(20, 15_000.0 + (i % 7) * 900))
+    h = hdr.encode(hdr.dense_from_sparse([(idx, cnt)]))
+    return Snapshot(
+        run_id="r", seq=i, t=T0 + i + 1, elapsed=i + 1.0, interval=1.0,
+        target=Target(url="http://x/v1", model="m"),
+        load=LoadState(state="running", in_flight=4 + i % 3),
+        counters=Counters(requests_ok=5 * (i + 1), output_tokens=50 * (i + 1)),
+        hist={"ttft": h, "itl": h},
+        server=ServerMetrics(url="m", ok=True, waiting=float(i % 4), running=4.0),
+        gpu=GpuStatus(source="simulated", gpus=[GpuSample(
+            index=0, name="g", simulated=True, memory_used_bytes=int(8e9 + i * 1e6),
+            power_w=300.0 + i % 5)]),
+        process=ProcessSample(pid=1, rss_bytes=int(1e9 + i * 2e6)),
+    )
+
+
+def test_a_full_disk_still_prints_the_summary_and_leaves_no_partial_png(tmp_path):
+    rec = Recorder.create(tmp_path / "run", to_builtins(RunConfig()), run_id="r")
+    for i in range(120):
+        rec.write(tick(i))
+    rec.close()
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "report", str(rec.run_dir)],
+                          capture_output=True, text=True, timeout=90,
+                          stdin=subprocess.DEVNULL, preexec_fn=fsize_limit(LIMIT))
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout.startswith("run r  finished  target http://x/v1")  # what it computed
+    assert "outages: 0" in proc.stdout and "TTFT p50" in proc.stdout
+    said = [line for line in proc.stderr.splitlines() if line.startswith("tokentop")]
+    assert len(said) == 1, proc.stderr
+    assert said[0].startswith("tokentop report: could not write throughput.png, latency.png")
+    assert "file size limit reached" in said[0] and str(rec.run_dir) in said[0]
+    assert list(rec.run_dir.glob("*.png")) == []  # none left half-written
+    r = json.loads((rec.run_dir / "report.json").read_text())  # what fitted is whole
+    assert r["plots"] == [] and {m["file"] for m in r["not_written"]} == {
+        "throughput.png", "latency.png", "queue.png", "gpu.png", "server_rss.png"}
+    assert "## Plots" not in (rec.run_dir / "report.md").read_text()
+
+    helped = tokentop("report", "--help")
+    assert "part of the report could not be written" in " ".join(helped.stdout.split())

@@ -331,7 +331,10 @@ async def test_outage_from_the_command_line(http: aiohttp.ClientSession) -> None
     try:
         counters, _, _ = await drive(sim, 2)
         assert counters.errors == {"http_5xx": 2}
-        await asyncio.sleep(0.3)
+        for _ in range(200):  # the outage starts 0.2 s in: wait for it, 2 s at most
+            if sim.server.outage_active:
+                break
+            await asyncio.sleep(0.01)
         assert sim.server.outage_active
         with pytest.raises(aiohttp.ClientConnectorError):
             async with http.get(root(sim) + "/health"):
