@@ -12,6 +12,7 @@ from typing import Literal, get_args
 ErrorKind = Literal[
     "connect",  # no connection (refused, reset before a response, DNS, TLS)
     "timeout",  # no complete answer within --request-timeout
+    "http_3xx",  # a redirect: tokentop does not follow one (give the final URL)
     "http_4xx",
     "http_429",  # rate limited (Retry-After honoured)
     "http_5xx",
@@ -36,7 +37,8 @@ EventKind = Literal[
     "resume",  # a resumed run's first Snapshot: the gap before it is not load
     "operator",  # a key, the CLI or MQTT changed the load, or a mark (`e`)
     "error",  # errors of one kind, counted, at most one event every few seconds
-    "outage",  # the server cannot be reached and nothing succeeds
+    "outage",  # the server cannot be reached, or nothing succeeds (loadgen.model.outage)
+    "stall",  # streams in flight received no byte for a while (a frozen server)
     "recovery",  # the first success after an outage
     "probe",  # /metrics, the server process
     "restart",  # the server restarted (its /metrics counters went back to zero)
@@ -62,6 +64,9 @@ CONTROL_OPS: tuple[ControlOp, ...] = get_args(ControlOp)
 REMOTE_OPS: tuple[ControlOp, ...] = ("set_concurrency", "add_concurrency", "set_rate",
                                      "add_rate", "set_mode", "pause", "resume", "mark")
 ControlSource = Literal["key", "cli", "mqtt"]
+
+# How the target is doing, by loadgen.model.outage's one definition.
+Health = Literal["up", "degraded", "outage"]
 
 LoadMode = Literal["closed", "open"]
 RunState = Literal["starting", "running", "paused", "draining", "stopped"]

@@ -27,6 +27,7 @@ from loadgen.model.kinds import (
     ControlOp,
     ControlSource,
     EventKind,
+    Health,
     Level,
     LoadMode,
     RunState,
@@ -36,8 +37,10 @@ SNAPSHOT_VERSION = 1
 
 # Latency metrics carried in `Snapshot.hist` (all in µs). Definitions: README, "What is measured".
 # lag, ttft_co and e2e_co exist in open loop only (intended send time); ttft_err and
-# itl_err in calibration only (|measured − true|). A metric with no samples is left out.
-METRICS = ("ttft", "itl", "tpot", "e2e", "icl", "lag", "ttft_co", "e2e_co", "ttft_err", "itl_err")
+# itl_err in calibration only (|measured − true|); connect only for requests that had to
+# open a connection. A metric with no samples is left out.
+METRICS = ("ttft", "itl", "tpot", "e2e", "icl", "lag", "ttft_co", "e2e_co", "ttft_err", "itl_err",
+           "connect")
 
 class Target(msgspec.Struct, kw_only=True):
     url: str  # base URL of the OpenAI API, e.g. http://127.0.0.1:8000/v1
@@ -56,6 +59,9 @@ class LoadState(msgspec.Struct, kw_only=True):
     in_flight: int = 0  # requests sent and not yet finished, all workers
     backlog: int = 0  # requests due but not yet sent (open loop)
     warmup: bool = False  # this tick is warm-up: excluded from results
+    # streams in flight that have received no byte for STALL_AFTER_S (loadgen.model.outage)
+    stalled: int = 0
+    health: Health = "up"  # up | degraded (errors, some success) | outage (loadgen.model.outage)
     outage_since: float | None = None  # unix time the current outage began (None: no outage)
     note: str | None = None  # e.g. "ramp 8→64, 30 s left"
 
@@ -67,11 +73,27 @@ class Counters(msgspec.Struct, kw_only=True):
     requests_failed: int = 0
     requests_cancelled: int = 0  # abandoned by the client on purpose (also in errors)
     requests_good: int = 0  # ok and within every per-request SLO (goodput)
+    # output tokens delivered, counted as they arrive (per-chunk usage where given, else one
+    # a chunk, corrected by the final usage): streams that later failed or were cancelled
+    # count too, since their tokens were delivered
     output_tokens: int = 0
+    # output tokens of requests that completed (the basis of goodput and per-request figures)
+    completed_output_tokens: int = 0
+    # prompt tokens as the server counted them (usage), else the asked length
     input_tokens: int = 0
     chunks: int = 0
     # output tokens that were counted from chunks because the server sent no usage
     estimated_output_tokens: int = 0
+    # prompt tokens that are the asked length because the server reported none
+    estimated_input_tokens: int = 0
+    # the asked prompt length, summed over the requests whose server reported its count,
+    # so (input_tokens − estimated_input_tokens) / input_tokens_asked compares like with like
+    input_tokens_asked: int = 0
+    # token gaps in ITL whose per-token split was estimated (chunks carrying several tokens
+    # with no per-chunk usage: the final count spread over the chunks by text length)
+    estimated_itl_tokens: int = 0
+    # latency samples above the histogram's range (1 h), recorded at its top
+    clipped_samples: int = 0
     errors: dict[str, int] = msgspec.field(default_factory=dict)
 
     def add(self, other: Counters) -> None:
@@ -80,9 +102,14 @@ class Counters(msgspec.Struct, kw_only=True):
         self.requests_cancelled += other.requests_cancelled
         self.requests_good += other.requests_good
         self.output_tokens += other.output_tokens
+        self.completed_output_tokens += other.completed_output_tokens
         self.input_tokens += other.input_tokens
         self.chunks += other.chunks
         self.estimated_output_tokens += other.estimated_output_tokens
+        self.estimated_input_tokens += other.estimated_input_tokens
+        self.input_tokens_asked += other.input_tokens_asked
+        self.estimated_itl_tokens += other.estimated_itl_tokens
+        self.clipped_samples += other.clipped_samples
         for kind, n in other.errors.items():
             self.errors[kind] = self.errors.get(kind, 0) + n
 

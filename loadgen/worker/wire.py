@@ -78,6 +78,8 @@ class Report(msgspec.Struct, tag="report", kw_only=True):
     last_errors: dict[str, str]
     loop_lag_ms: float
     cpu_s: float  # process CPU seconds since the previous report
+    # streams in flight that have received no byte for STALL_AFTER_S (loadgen.model.outage)
+    stalled: int = 0
 
 
 class Stopped(msgspec.Struct, tag="stopped"):
