@@ -10,17 +10,25 @@ a handful of numbers per tick for the plots (~100 B/tick, ~50 MB for 72 h at
 Definitions (all times are wall clock, unix seconds; `rel` = seconds since the
 run started, gaps included):
 
-* client outage: a maximal run of ticks in which requests failed hard (connect,
-  timeout, 5xx, broken or malformed streams, empty answers) and none succeeded;
-  ticks where nothing completed at all neither start nor end one. It starts at
-  the start of its first failing tick and ends at the end of its last one.
-* server outage: a maximal run of ticks in which the server's /metrics did not
-  answer, once it had answered at least once (a server without /metrics is not
-  "down").
+* client outage: an outage by loadgen.model.outage's one definition (the server
+  cannot be reached, or nothing succeeds and no tokens arrive, with evidence, held
+  OUTAGE_MIN_S), found by the same OutageTracker the live run used, fed the
+  recorded Snapshots: the report's outages are the live run's outage events.
+* server outage: a span in which the server's /metrics did not answer, once it had
+  answered at least once (a server without /metrics is not "down"), held
+  OUTAGE_MIN_S like an outage (one missed scrape is not one). It is the probe's view:
+  the server may still serve.
 * recording gap: wall time between two Snapshots that no tick covers (more than
   `gap_s` or two ticks: tokentop was not running), or a resume (`--resume`, whose
-  first Snapshot says "resumed run"). Not an outage of the server.
-* MTTR: the mean duration of the closed outages (per kind, and of their union).
+  first Snapshot says "resumed run"). Not an outage of the server: a gap does not
+  end an outage that spans it, and is not counted in its duration (`gap_s`).
+* MTTR: the mean duration of the closed outages (per kind, and of their union),
+  recording gaps left out. Availability: 1 − client outage time / time the
+  Snapshots cover.
+* success rate: after warm-up, like the thresholds; during outages: over the ticks
+  inside an outage of either kind.
+* stalls: the tracker's stall episodes (streams in flight with no byte for
+  STALL_AFTER_S), as the live run announced them.
 * drift: per bucket (an hour by default) of load time, the P99/P99.9 of TTFT and
   ITL, throughput and error rate, compared with the first bucket; the server
   process' RSS and the GPU memory as least-squares slopes in MB/hour.
@@ -40,7 +48,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from loadgen.model import hdr
-from loadgen.model.kinds import SERVER_ERRORS
+from loadgen.model.outage import GAP_EPSILON_S, OUTAGE_MIN_S, OutageTracker, Tick
+from loadgen.model.outage import Outage as TrackedOutage
 from loadgen.model.slo import Slos, evaluate_thresholds, rates_from
 from loadgen.model.snapshot import Counters, Snapshot
 
@@ -49,6 +58,7 @@ RUN_METRICS = ("ttft", "itl", "tpot", "e2e")  # whole-run summaries and threshol
 KEPT_INFO_EVENTS = ("run", "resume", "operator", "record", "recording", "slo", "gpu")
 TICK_METRICS = ("ttft", "itl")  # per-tick percentiles: drift, long tail, plots
 TAIL_LIST_MAX = 50
+STALL_LIST_MAX = 200  # stall episodes listed at most (all are counted)
 SERIES = (
     # per tick, for the plots and the long-tail context
     "rel", "elapsed", "interval", "ok", "failed", "output_tokens",
@@ -69,11 +79,18 @@ class Outage:
     ongoing: bool = False  # still going at the last Snapshot
     failed: int = 0  # requests that failed inside it (client)
     errors: dict[str, int] = field(default_factory=dict)
-    reason: str | None = None  # server: the probe's words
+    reason: str | None = None  # client: why, in words; server: the probe's words
+    gap_s: float = 0.0  # recording gaps inside it: not counted in its duration
 
     @property
     def duration_s(self) -> float:
-        return max(0.0, self.end - self.start)
+        return max(0.0, self.end - self.start - self.gap_s)
+
+    @classmethod
+    def of_client(cls, o: TrackedOutage, start_time: float, ongoing: bool) -> Outage:
+        return cls(kind="client", start=o.start, end=o.last_t if o.end is None else o.end,
+                   start_rel=round(o.start - start_time, 3), ongoing=ongoing, failed=o.failed,
+                   errors=dict(o.errors), reason=o.words(), gap_s=round(o.gap_s, 3))
 
     def as_dict(self) -> dict:
         return {**asdict(self), "duration_s": round(self.duration_s, 3)}
@@ -87,6 +104,8 @@ class _Open:
     failed: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     reason: str | None = None
+    covered_s: float = 0.0
+    gap_s: float = 0.0
 
 
 # A slope from minutes of data says little about a leak (start-up growth dominates):
@@ -173,7 +192,13 @@ class SoakAnalyzer:
         self.event_counts: dict[str, int] = {}
         self.outages: list[Outage] = []
         self.gaps: list[dict] = []
-        self._open: dict[str, _Open | None] = {"client": None, "server": None}
+        self.tracker = OutageTracker()  # the one definition (loadgen.model.outage)
+        self._metrics_down: _Open | None = None  # the server outage (/metrics) being seen
+        self.stalls: list[dict] = []  # stall episodes, the first STALL_LIST_MAX
+        self.stall_count = 0
+        # ticks of the current stretch of trouble (a quiet span or /metrics down), kept until
+        # it is over and known to be an outage or not: (start, end, ok, failed) each
+        self._trouble = array("d")
         self._server_seen_ok = False
         self.server_never_ok_reason: str | None = None
         self.run_dense = {m: np.zeros(hdr.COUNTS_LEN, np.int64) for m in RUN_METRICS}
@@ -186,7 +211,7 @@ class SoakAnalyzer:
         self.ticks = 0
         self._prev_counters = Counters()
         self._baseline: tuple[float, Counters] | None = None  # end of warm-up
-        self._fault_ok = self._fault_failed = 0
+        self._fault_ok = self._fault_failed = 0  # ticks inside an outage, resolved
         # median of the per-tick P99 (as an HDR count of those values) for the tail limit
         self._p99_of_ticks = {m: np.zeros(hdr.COUNTS_LEN, np.int64) for m in TICK_METRICS}
         self._tail: list[tuple[float, int, dict]] = []  # heap of the worst ticks
@@ -205,15 +230,13 @@ class SoakAnalyzer:
         # the old spelling: runs resumed before the "resume" kind existed
         resumed = any(e.kind == "resume" or (e.kind == "run" and e.message.startswith(
             "resumed run")) for e in snap.events)
-        if prev is not None and (resumed or tick_start - prev.t > max(self.gap_s,
-                                                                       2 * prev.interval)):
+        uncovered = tick_start - prev.t if prev is not None else 0.0
+        if prev is not None and (resumed or uncovered > max(self.gap_s, 2 * prev.interval)):
             self._gap(prev, snap)
         c, pc = snap.counters, self._prev_counters
+        observed = Tick.between(pc, snap)
         ok = c.requests_ok - pc.requests_ok
         failed = c.requests_failed - pc.requests_failed
-        hard = sum(c.errors.get(k, 0) - pc.errors.get(k, 0) for k in SERVER_ERRORS)
-        errors = {k: v - pc.errors.get(k, 0) for k, v in c.errors.items()
-                  if v - pc.errors.get(k, 0) > 0}
         out_tok = c.output_tokens - pc.output_tokens
         self._prev_counters = c
         if snap.load.warmup:
@@ -232,11 +255,9 @@ class SoakAnalyzer:
                  for m in TICK_METRICS}
 
         # outages
-        self._client_outage(snap, rel, ok, failed, hard, errors)
-        self._server_outage(snap, rel)
-        if self._open["client"] is not None or self._open["server"] is not None:
-            self._fault_ok += ok
-            self._fault_failed += failed
+        self._client_outage(observed)
+        self._server_outage(snap, rel, failed, uncovered)
+        self._note_trouble(tick_start, snap.t, ok, failed)
 
         # drift buckets and slopes
         self._drift(snap, decoded, ok, failed, out_tok, measured)
@@ -291,53 +312,96 @@ class SoakAnalyzer:
         self.last = snap
 
     def _gap(self, prev: Snapshot, snap: Snapshot) -> None:
+        """Listed; an outage that spans it goes on (the tracker leaves the gap out of its
+        duration): nobody watched, so nothing says it ended."""
         start, end = prev.t, snap.t - snap.interval
         self.gaps.append({"start": start, "end": end, "duration_s": round(end - start, 3),
                           "start_rel": round(start - (self.start_time or start), 3),
                           "after_seq": prev.seq, "resumed_seq": snap.seq})
-        # an outage does not run on across time nobody watched
-        for kind in ("client", "server"):
-            self._close(kind, ongoing=False)
 
-    def _client_outage(self, snap: Snapshot, rel: float, ok: int, failed: int, hard: int,
-                       errors: dict[str, int]) -> None:
-        cur = self._open["client"]
-        if ok == 0 and hard > 0:
-            if cur is None:
-                cur = self._open["client"] = _Open(snap.t - snap.interval, rel - snap.interval,
-                                                   snap.t)
-            cur.last_end = snap.t
-            cur.failed += failed
-            for k, n in errors.items():
-                cur.errors[k] = cur.errors.get(k, 0) + n
-        elif ok > 0 and cur is not None:
-            self._close("client")
+    def _client_outage(self, observed: Tick) -> None:
+        """The live run's tracker, over the recording: the same outages and stalls."""
+        for change in self.tracker.observe(observed):
+            if change.kind == "recovery" and change.outage is not None:
+                self.outages.append(Outage.of_client(change.outage, self.start_time or 0.0,
+                                                     ongoing=False))
+            elif change.kind == "stall" and change.level != "info":
+                self.stall_count += 1
+                if len(self.stalls) < STALL_LIST_MAX:
+                    self.stalls.append({
+                        "start": change.t, "start_rel": round(change.t - (self.start_time or 0),
+                                                              3),
+                        "end": None, "stalled": observed.stalled,
+                        "in_flight": observed.in_flight, "message": change.message})
+            elif change.kind == "stall" and self.stalls and self.stalls[-1]["end"] is None:
+                self.stalls[-1]["end"] = change.t
 
-    def _server_outage(self, snap: Snapshot, rel: float) -> None:
+    def _server_outage(self, snap: Snapshot, rel: float, failed: int, uncovered: float) -> None:
         srv = snap.server
         if srv is None:
             return
-        cur = self._open["server"]
+        cur = self._metrics_down
         if srv.ok:
             self._server_seen_ok = True
             if cur is not None:
-                self._close("server")
+                self._metrics_down = None
+                self._keep_server(cur, ongoing=False)
         elif self._server_seen_ok:
             if cur is None:
-                cur = self._open["server"] = _Open(snap.t - snap.interval, rel - snap.interval,
-                                                   snap.t, reason=srv.error)
+                cur = self._metrics_down = _Open(snap.t - snap.interval, rel - snap.interval,
+                                                 snap.t, reason=srv.error)
+            elif uncovered > GAP_EPSILON_S:
+                cur.gap_s += uncovered  # a recording gap: not time /metrics was seen down
             cur.last_end = snap.t
+            cur.covered_s += snap.interval
+            cur.failed += failed
         else:
             self.server_never_ok_reason = srv.error or "no answer"
 
-    def _close(self, kind: str, ongoing: bool = False) -> None:
-        cur = self._open[kind]
-        if cur is None:
-            return
-        self._open[kind] = None
-        self.outages.append(Outage(kind=kind, start=cur.start, end=cur.last_end,
-                                   start_rel=round(cur.start_rel, 3), ongoing=ongoing,
-                                   failed=cur.failed, errors=cur.errors, reason=cur.reason))
+    def _keep_server(self, cur: _Open, ongoing: bool) -> Outage | None:
+        """The /metrics span as a server outage, if it was held long enough to be one."""
+        if cur.covered_s < OUTAGE_MIN_S - 1e-9:
+            return None
+        o = Outage(kind="server", start=cur.start, end=cur.last_end,
+                   start_rel=round(cur.start_rel, 3), ongoing=ongoing, failed=cur.failed,
+                   errors=cur.errors, reason=cur.reason, gap_s=round(cur.gap_s, 3))
+        if not ongoing:
+            self.outages.append(o)
+        return o
+
+    def _ongoing(self) -> list[Outage]:
+        out = []
+        if self.tracker.announced and self.tracker.current is not None:
+            out.append(Outage.of_client(self.tracker.current, self.start_time or 0.0,
+                                        ongoing=True))
+        if self._metrics_down is not None:
+            kept = self._keep_server(self._metrics_down, ongoing=True)
+            if kept is not None:
+                out.append(kept)
+        return out
+
+    def _note_trouble(self, start: float, end: float, ok: int, failed: int) -> None:
+        """Ticks of trouble wait until it is over: only then is it known which of them were
+        inside an outage (an outage is dated back to the start of its quiet span)."""
+        if self.tracker.quiet_since is not None or self._metrics_down is not None:
+            self._trouble.extend((start, end, float(ok), float(failed)))
+        elif self._trouble:
+            ok_in, failed_in = self._inside_outages(self.outages)
+            self._fault_ok += ok_in
+            self._fault_failed += failed_in
+            self._trouble = array("d")
+
+    def _inside_outages(self, outages: list[Outage]) -> tuple[int, int]:
+        """(ok, failed) of the pending trouble ticks that lie inside one of `outages`."""
+        ticks = np.frombuffer(self._trouble, np.float64).reshape(-1, 4)
+        if len(ticks) == 0:
+            return 0, 0
+        inside = np.zeros(len(ticks), bool)
+        for o in outages:
+            if o.end >= ticks[0, 0]:
+                inside |= (ticks[:, 0] >= o.start - GAP_EPSILON_S) & \
+                    (ticks[:, 1] <= o.end + GAP_EPSILON_S)
+        return int(ticks[inside, 2].sum()), int(ticks[inside, 3].sum())
 
     def _drift(self, snap: Snapshot, decoded: dict, ok: int, failed: int, out_tok: int,
                measured: bool) -> None:
@@ -469,16 +533,14 @@ class SoakAnalyzer:
         else:
             finished = None
         buckets = self.buckets + ([finished] if finished else [])
-        outages = list(self.outages)
-        for kind, cur in self._open.items():
-            if cur is not None:
-                outages.append(Outage(kind=kind, start=cur.start, end=cur.last_end,
-                                      start_rel=round(cur.start_rel, 3), ongoing=True,
-                                      failed=cur.failed, errors=cur.errors, reason=cur.reason))
+        outages = self.outages + self._ongoing()
+        pending_ok, pending_failed = self._inside_outages(outages)
+        fault_ok, fault_n = self._fault_ok + pending_ok, self._fault_ok + pending_ok \
+            + self._fault_failed + pending_failed
         outages.sort(key=lambda o: o.start)
         c = last.counters if last else Counters()
-        n = c.requests_ok + c.requests_failed
-        fault_n = self._fault_ok + self._fault_failed
+        measured_ok, measured_failed = self._measured_requests()
+        n = measured_ok + measured_failed
         latency, rates, seconds = self.run_summary()
         thresholds = evaluate_thresholds(self.slos.thresholds, latency, rates) \
             if self.slos else []
@@ -488,7 +550,9 @@ class SoakAnalyzer:
             closed = [o.duration_s for o in outages if o.kind == kind and not o.ongoing]
             mttr[kind] = round(sum(closed) / len(closed), 3) if closed else None
         union = _union([(o.start, o.end) for o in outages if not o.ongoing])
-        mttr["any"] = round(sum(e - s for s, e in union) / len(union), 3) if union else None
+        mttr["any"] = round(sum(e - s - self._gap_within(s, e) for s, e in union)
+                            / len(union), 3) if union else None
+        covered = self.tracker.covered_s
         return {
             "run_id": last.run_id if last else None,
             "start_time": self.start_time,
@@ -503,10 +567,16 @@ class SoakAnalyzer:
             "requests": {"ok": c.requests_ok, "failed": c.requests_failed,
                          "cancelled": c.requests_cancelled, "errors": dict(c.errors),
                          "output_tokens": c.output_tokens, "input_tokens": c.input_tokens},
-            "success_rate": _r(c.requests_ok / n if n else None, 6),
-            "success_rate_during_outages": _r(self._fault_ok / fault_n if fault_n else None, 6),
+            # after warm-up, like the thresholds (requests above are the whole run's)
+            "measured_requests": {"ok": measured_ok, "failed": measured_failed},
+            "success_rate": _r(measured_ok / n if n else None, 6),
+            "success_rate_during_outages": _r(fault_ok / fault_n if fault_n else None, 6),
             "outages": [o.as_dict() for o in outages],
             "mttr_s": mttr,
+            "outage_s": round(self.tracker.outage_s, 3),
+            "availability": _r(1.0 - self.tracker.outage_s / covered if covered > 0 else None,
+                               6),
+            "stalls": {"count": self.stall_count, "episodes": list(self.stalls)},
             "server_metrics_never_answered": None if self._server_seen_ok
             else self.server_never_ok_reason,
             "gaps": list(self.gaps),
@@ -523,6 +593,19 @@ class SoakAnalyzer:
             "event_counts": dict(self.event_counts),
             "events": self.events[-200:],
         }
+
+    def _measured_requests(self) -> tuple[int, int]:
+        """(ok, failed) after warm-up: what the success rate is of."""
+        last = self.last
+        if last is None or last.load.warmup:
+            return 0, 0
+        _, base = self._baseline or (0.0, Counters())
+        c = last.counters
+        return c.requests_ok - base.requests_ok, c.requests_failed - base.requests_failed
+
+    def _gap_within(self, start: float, end: float) -> float:
+        """Seconds of recording gaps inside [start, end]: not outage time."""
+        return sum(max(0.0, min(end, g["end"]) - max(start, g["start"])) for g in self.gaps)
 
     def run_summary(self) -> tuple[dict[str, dict], dict, float]:
         """Whole-run (after warm-up) latency summaries (µs), rates and measured seconds."""

@@ -48,7 +48,9 @@ class StepResult:
     ttft_ms: dict[str, float | None] = field(default_factory=dict)
     itl_ms: dict[str, float | None] = field(default_factory=dict)
     e2e_ms: dict[str, float | None] = field(default_factory=dict)
-    queue_depth: float | None = None  # mean server waiting (or client backlog)
+    # mean requests waiting: the server's own waiting count, plus in open loop the client's
+    # backlog (which stays 0 without an in-flight cap, however far behind the server is)
+    queue_depth: float | None = None
     gpu_memory_gb: float | None = None
     gpu_power_w: float | None = None
     tokens_per_joule: float | None = None
@@ -73,10 +75,9 @@ class _Accumulator:
         a, b = first.counters, last.counters
         r.seconds = dt
         dense = _sum_hists(s[1:])
-        # tokens as they streamed in (first tokens + every per-token gap), not as requests
-        # completed: a step shorter than a few request lifetimes still reads true
-        streamed = sum(int(dense[m].sum()) for m in ("ttft", "itl") if m in dense)
-        r.output_tok_s = streamed / dt
+        # output tokens are counted as they arrive (not as requests complete, and not one a
+        # chunk), so a step shorter than a few request lifetimes still reads true
+        r.output_tok_s = (b.output_tokens - a.output_tokens) / dt
         done = (b.requests_ok - a.requests_ok)
         failed = (b.requests_failed - a.requests_failed)
         r.req_s = done / dt
@@ -111,9 +112,10 @@ def _pcts(dense: np.ndarray | None) -> dict[str, float | None]:
 
 
 def _queue(s: Snapshot) -> float | None:
-    if s.load.mode == "open":
-        return float(s.load.backlog)
-    return s.server.waiting if s.server is not None and s.server.ok else None
+    server = s.server.waiting if s.server is not None and s.server.ok else None
+    if s.load.mode != "open":
+        return server
+    return float(s.load.backlog) + (server or 0.0)
 
 
 def _gpu(s: Snapshot, attr: str, scale: float) -> float | None:

@@ -46,36 +46,30 @@ class _Contribution:
         self.earlier = Counters()
         self.latest = Counters()
 
-    def update(self, snap: Snapshot) -> None:
+    def update(self, snap: Snapshot) -> bool:
+        """Take the agent's next Snapshot; False when its histograms must be left out of the
+        fleet's, to stay consistent with the counters."""
+        counted = True
         if snap.run_id != self.run_id:
             if self.run_id is not None:
-                self.earlier.add(_minus(self.latest, self.base))
+                self.earlier.add(self.latest.since(self.base))
             self.run_id = snap.run_id
-            # the first Snapshot we see of a run: count from here (what happened before
-            # we watched is not in the histograms either)
-            self.base = snap.counters
+            if snap.seq == 0:
+                # a run (or a restart) seen from its first tick: all of it counts
+                self.base = Counters()
+            else:
+                # joined mid-run: count from here; what this tick holds is before our base
+                # (its counters are the base), so its histograms are left out as well
+                self.base = snap.counters
+                counted = False
         self.latest = snap.counters
+        return counted
 
     def total(self) -> Counters:
         out = Counters()
         out.add(self.earlier)
-        out.add(_minus(self.latest, self.base))
+        out.add(self.latest.since(self.base))
         return out
-
-
-def _minus(a: Counters, b: Counters) -> Counters:
-    errors = {k: n - b.errors.get(k, 0) for k, n in a.errors.items()}
-    return Counters(
-        requests_ok=a.requests_ok - b.requests_ok,
-        requests_failed=a.requests_failed - b.requests_failed,
-        requests_cancelled=a.requests_cancelled - b.requests_cancelled,
-        requests_good=a.requests_good - b.requests_good,
-        output_tokens=a.output_tokens - b.output_tokens,
-        input_tokens=a.input_tokens - b.input_tokens,
-        chunks=a.chunks - b.chunks,
-        estimated_output_tokens=a.estimated_output_tokens - b.estimated_output_tokens,
-        errors={k: n for k, n in errors.items() if n},
-    )
 
 
 class FleetMergedSource:
@@ -104,7 +98,9 @@ class FleetMergedSource:
                 self._queues[name] = q
                 st.listeners.add(q)
                 if st.last is not None:
-                    self._share(name).update(st.last)
+                    # before we listened: a base for the counters, never histograms
+                    self._share(name).update(msgspec.structs.replace(st.last, seq=max(
+                        1, st.last.seq)))
 
     def _share(self, agent: str) -> _Contribution:
         share = self._shares.get(agent)
@@ -121,17 +117,13 @@ class FleetMergedSource:
     def merge(self) -> Snapshot:
         """One fleet Snapshot from what every agent sent since the last call."""
         fresh: dict[str, list[Snapshot]] = {}
+        dense: dict = {}
         for name, q in self._queues.items():
             while not q.empty():
                 snap = q.get_nowait()
                 fresh.setdefault(name, []).append(snap)
-                self._share(name).update(snap)
-        dense: dict = {}
-        for snaps in fresh.values():
-            for snap in snaps:
-                for metric, blob in snap.hist.items():
-                    d = hdr.decode(blob)
-                    dense[metric] = dense[metric] + d if metric in dense else d
+                if self._share(name).update(snap):
+                    _add_hists(dense, snap)
         now = time.time()
         self._seq += 1
         live = self._live()
@@ -205,6 +197,12 @@ class FleetMergedSource:
             st: AgentState | None = self.monitor.agents.get(name)
             if st is not None:
                 st.listeners.discard(q)
+
+
+def _add_hists(dense: dict, snap: Snapshot) -> None:
+    for metric, blob in snap.hist.items():
+        d = hdr.decode(blob)
+        dense[metric] = dense[metric] + d if metric in dense else d
 
 
 def _tagged(agent: str, e: Event) -> Event:

@@ -66,15 +66,30 @@ def sparse_counts(
     values_us: np.ndarray, weights: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(indices, counts) of the non-empty buckets for a batch of values."""
+    idx, cnt, _ = sparse_counts_clipped(values_us, weights)
+    return idx, cnt
+
+
+def sparse_counts_clipped(
+    values_us: np.ndarray, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """`sparse_counts`, and how many of the values (weighted) were above HIGHEST_US: those
+    are recorded at the top of the range, and a reader should be told they were clipped."""
     if len(values_us) == 0:
-        return np.empty(0, np.int32), np.empty(0, np.int64)
-    idx = counts_index(np.rint(values_us))
+        return np.empty(0, np.int32), np.empty(0, np.int64), 0
+    rounded = np.rint(values_us)
+    above = rounded > HIGHEST_US  # one vectorised comparison; nearly always all False
+    clipped = 0
+    if above.any():
+        clipped = int(np.count_nonzero(above)) if weights is None else round(
+            float(weights[above].sum()))
+    idx = counts_index(rounded)
     if weights is None:
         uniq, cnt = np.unique(idx, return_counts=True)
-        return uniq.astype(np.int32), cnt.astype(np.int64)
+        return uniq.astype(np.int32), cnt.astype(np.int64), clipped
     dense = np.bincount(idx, weights=weights, minlength=COUNTS_LEN)
     nz = np.flatnonzero(dense)
-    return nz.astype(np.int32), np.rint(dense[nz]).astype(np.int64)
+    return nz.astype(np.int32), np.rint(dense[nz]).astype(np.int64), clipped
 
 
 def dense_from_sparse(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:

@@ -27,7 +27,7 @@ ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 
 # The errors that mean "the server cannot be reached" (as opposed to "it said no").
 UNREACHABLE_ERRORS: tuple[ErrorKind, ...] = ("connect", "timeout", "stream_broken")
-# The errors that are the server failing (for "nothing succeeds" in the soak analysis).
+# The errors that are the server failing: outage evidence (loadgen.model.outage).
 SERVER_ERRORS: tuple[ErrorKind, ...] = (*UNREACHABLE_ERRORS, "http_5xx", "malformed_chunk",
                                         "empty_response")
 

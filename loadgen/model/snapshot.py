@@ -97,21 +97,21 @@ class Counters(msgspec.Struct, kw_only=True):
     errors: dict[str, int] = msgspec.field(default_factory=dict)
 
     def add(self, other: Counters) -> None:
-        self.requests_ok += other.requests_ok
-        self.requests_failed += other.requests_failed
-        self.requests_cancelled += other.requests_cancelled
-        self.requests_good += other.requests_good
-        self.output_tokens += other.output_tokens
-        self.completed_output_tokens += other.completed_output_tokens
-        self.input_tokens += other.input_tokens
-        self.chunks += other.chunks
-        self.estimated_output_tokens += other.estimated_output_tokens
-        self.estimated_input_tokens += other.estimated_input_tokens
-        self.input_tokens_asked += other.input_tokens_asked
-        self.estimated_itl_tokens += other.estimated_itl_tokens
-        self.clipped_samples += other.clipped_samples
+        for name in _COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
         for kind, n in other.errors.items():
             self.errors[kind] = self.errors.get(kind, 0) + n
+
+    def since(self, earlier: Counters) -> Counters:
+        """What was counted after `earlier` (a previous value of the same cumulative set)."""
+        out = Counters(**{n: getattr(self, n) - getattr(earlier, n) for n in _COUNTS})
+        errors = {k: n - earlier.errors.get(k, 0) for k, n in self.errors.items()}
+        out.errors = {k: n for k, n in errors.items() if n}
+        return out
+
+
+# every integer count of Counters (all its fields but the errors by kind)
+_COUNTS = tuple(n for n in Counters.__struct_fields__ if n != "errors")
 
 
 class ServerMetrics(msgspec.Struct, kw_only=True):

@@ -83,6 +83,11 @@ class RollingHistograms:
         self._pending_start = None
 
 
+# the server's prompt count this far from the asked length is flagged (a chat template's
+# tokens, or a tokenizer that is not one token a word)
+INPUT_DIFFERS = 0.05
+
+
 @dataclass
 class WindowStats:
     name: str
@@ -100,6 +105,18 @@ class WindowStats:
     goodput_req_s: float | None = None  # requests/s that met every per-request SLO
     errors: dict[str, int] = field(default_factory=dict)
     tokens_estimated: bool = False
+    completed_output_tokens: int = 0  # tokens of the requests that completed in the window
+    itl_estimated: bool = False  # some ITL token gaps were spread over multi-token chunks
+    clipped_samples: int = 0  # latency samples above the histogram's range (1 h)
+    # prompt tokens a request, as the server counted them and as asked, over the same
+    # requests (those whose server reported its count); None where none reported one
+    input_per_request: float | None = None
+    input_asked_per_request: float | None = None
+
+    @property
+    def input_differs(self) -> bool:
+        server, asked = self.input_per_request, self.input_asked_per_request
+        return server is not None and bool(asked) and abs(server - asked) > INPUT_DIFFERS * asked
 
 
 class SnapshotWindows:
@@ -122,6 +139,9 @@ class SnapshotWindows:
         # by elapsed load time, which a resumed run's gap (tokentop not running) is not part of
         self._counters: deque[tuple[float, Counters, float]] = deque()
         self._first: tuple[float, Counters, float] | None = None
+        # the last point before the drain began: the whole-run window ends here, so that a
+        # run's duration and rates are its load, not the drain after it (see `drain`)
+        self._load_end: tuple[float, Counters, float] | None = None
         self.last: Snapshot | None = None
 
     def add(self, snap: Snapshot) -> None:
@@ -134,6 +154,8 @@ class SnapshotWindows:
             self._first = (snap.t - snap.elapsed, Counters(), 0.0)
             self._counters.append(self._first)
         self._counters.append(point)
+        if snap.load.state not in ("draining", "stopped") or self._load_end is None:
+            self._load_end = point
         while self._counters and self._counters[0][0] < snap.t - 600.0 - 10.0:
             self._counters.popleft()
         warmup_over = self.last is not None and self.last.load.warmup and not snap.load.warmup
@@ -149,6 +171,22 @@ class SnapshotWindows:
         if self.last is not None:
             self._first = (self.last.t, self.last.counters, self.last.elapsed)
             self._counters.append(self._first)
+        self._load_end = self._first
+
+    def drain(self) -> dict | None:
+        """What happened after the drain began (requests finishing or cancelled), which the
+        whole-run window leaves out of its duration, counts and rates; None before a drain.
+        Its latencies are in the whole-run histograms: the requests that finish in the drain
+        are the long ones, and leaving them out would cut the tail."""
+        if self._load_end is None or not self._counters or self._load_end is self._counters[-1]:
+            return None
+        (_, a, ea), (_, b, eb) = self._load_end, self._counters[-1]
+        return {"seconds": round(eb - ea, 3), "errors": b.since(a).errors,
+                "requests_ok": b.requests_ok - a.requests_ok,
+                "requests_failed": b.requests_failed - a.requests_failed,
+                "requests_cancelled": b.requests_cancelled - a.requests_cancelled,
+                "output_tokens": b.output_tokens - a.output_tokens,
+                "input_tokens": b.input_tokens - a.input_tokens}
 
     def dense(self, name: str) -> dict[str, np.ndarray]:
         """The window's summed histograms (dense counts, µs), by metric; do not modify."""
@@ -175,7 +213,7 @@ class SnapshotWindows:
             return None, None
         end = self._counters[-1]
         if span is None:
-            return self._first, end
+            return self._first, self._load_end or end
         start = self._counters[0]
         for point in self._counters:
             if point[0] >= end[0] - span - 1e-6:
@@ -205,4 +243,26 @@ def _rates(start, end) -> dict:
         goodput_req_s=(b.requests_good - a.requests_good) / dt,
         errors=errors,
         tokens_estimated=b.estimated_output_tokens > a.estimated_output_tokens,
+        completed_output_tokens=b.completed_output_tokens - a.completed_output_tokens,
+        itl_estimated=b.estimated_itl_tokens > a.estimated_itl_tokens,
+        clipped_samples=b.clipped_samples - a.clipped_samples,
+        **_input_per_request(a, b),
     )
+
+
+def _input_per_request(a: Counters, b: Counters) -> dict:
+    """Prompt tokens a request as the server counted them, beside the asked length.
+
+    The server's count is compared only with the asked lengths of the requests it counted
+    (input_tokens_asked), so a run where some answers lack usage still compares like with
+    like; that ratio is then applied to the asked length a request over all requests."""
+    asked = b.input_tokens_asked - a.input_tokens_asked
+    reported = (b.input_tokens - b.estimated_input_tokens) - (a.input_tokens
+                                                              - a.estimated_input_tokens)
+    ok = b.requests_ok - a.requests_ok
+    if asked <= 0 or reported <= 0 or ok <= 0:
+        return {}
+    asked_all = asked + b.estimated_input_tokens - a.estimated_input_tokens
+    per_request = asked_all / ok
+    return {"input_per_request": reported / asked * per_request,
+            "input_asked_per_request": per_request}

@@ -24,7 +24,7 @@ import aiohttp
 import msgspec
 
 from loadgen.model import hdr
-from loadgen.model.kinds import UNREACHABLE_ERRORS
+from loadgen.model.outage import OutageTracker, Tick
 from loadgen.model.snapshot import (
     METRICS,
     ClientSample,
@@ -101,7 +101,8 @@ class Coordinator:
         self._lag_warned = 0.0
         self._load_started: float | None = None  # elapsed seconds when warm-up ended
         self._elapsed = 0.0
-        self._outage_since: float | None = None
+        self._stalled: dict[int, int] = {}  # per worker: its last report's stalled streams
+        self._outages = OutageTracker()  # health, outages and stalls (loadgen.model.outage)
 
     # ---- start -------------------------------------------------------------------------
 
@@ -158,13 +159,20 @@ class Coordinator:
         limit = raise_open_file_limit()
         n = self.pool.n
         spec = self.spec
-        streams = spec.concurrency if spec.mode == "closed" else (spec.max_in_flight or 0)
-        per_worker = -(-streams // n)  # the first workers take the remainder
+        if spec.mode == "closed":
+            streams = spec.concurrency
+            per_worker = -(-streams // n)  # the first workers take the remainder
+            where, more = f"each of the {n} load worker(s)", "add --workers, "
+        else:
+            # an in-flight cap is one queue: the whole open-loop schedule runs in one worker
+            # (loadgen.run.pool), so all of it must fit there
+            streams = per_worker = spec.max_in_flight or 0
+            where, more = "the one load worker that holds an in-flight cap", ""
         if per_worker > streams_that_fit(limit):
             raise ConfigError(
-                f"{streams} streams need about {per_worker + FD_MARGIN} open files in each of "
-                f"the {n} load worker(s), and this machine allows {limit} (ulimit -n): lower "
-                f"the load, add --workers, or raise the hard limit")
+                f"{streams} streams need about {per_worker + FD_MARGIN} open files in {where}, "
+                f"and this machine allows {limit} (ulimit -n): lower the load, {more}or "
+                "raise the hard limit")
 
     def _process_probe(self, base: str) -> ProcessProbe:
         """The server's process: the embedded simulator's, or by --server-pid, the local
@@ -210,12 +218,15 @@ class Coordinator:
             self.ramp = None
             self.auto = None
             self.spec = msgspec.structs.replace(self.spec, mode=msg.note)
-            self.pool.set_load(self.spec)
-            self._event("operator", f"switched to {self._load_text()} ({msg.source})")
+            self.pool.set_load(self.spec)  # while paused the workers keep it for the resume
+            later = "; from the resume" if self.state == "paused" else ""
+            self._event("operator", f"switched to {self._load_text()} ({msg.source}){later}")
         elif op in ("pause", "resume"):
-            self.pool.pause(op == "pause")
-            self.state = "paused" if op == "pause" else "running"
-            self._event("operator", f"load {self.state} ({msg.source})")
+            state = "paused" if op == "pause" else "running"
+            if state != self.state:  # a second pause would restart nothing but the clock
+                self.pool.pause(op == "pause")
+                self.state = state
+                self._event("operator", f"load {self.state} ({msg.source})")
         elif op == "stop":
             self.request_stop("stopped by the operator")
         elif op == "mark":
@@ -245,8 +256,9 @@ class Coordinator:
             new = msgspec.structs.replace(spec, rate=round(r, 3))
         if new != spec:
             self.spec = new
-            self.pool.set_load(new)
-            self._event("operator", f"{self._load_text()} ({source})")
+            self.pool.set_load(new)  # while paused the workers keep it for the resume
+            later = "; from the resume" if self.state == "paused" else ""
+            self._event("operator", f"{self._load_text()} ({source}){later}")
 
     def _set_main_value(self, value: float) -> None:
         if self.spec.mode == "closed":
@@ -364,6 +376,7 @@ class Coordinator:
             self.counters.add(r.counters)
             self._in_flight[r.index] = r.in_flight
             self._backlog[r.index] = r.backlog
+            self._stalled[r.index] = r.stalled
             for m, h in r.hists.items():
                 if m in sparse:
                     sparse[m].append(h.arrays())
@@ -371,7 +384,7 @@ class Coordinator:
             lag = max(lag, r.loop_lag_ms)
             self._note_errors(r)
         self._track_error_rate(t)
-        self._track_outage(t, tick)
+        self._track_outage(t, interval, tick)
         # the last tick says every error still held back, so the events add up to the totals
         self._flush_error_events(t, everything=self.state == "stopped")
         self._check_client(lag if reports else None, t)
@@ -440,25 +453,20 @@ class Coordinator:
             in_flight=sum(self._in_flight.values()),
             backlog=sum(self._backlog.values()),
             warmup=self._load_started is None,
-            outage_since=self._outage_since,
+            stalled=sum(self._stalled.values()),
+            health=self._outages.health,
+            outage_since=self._outages.outage_since,
             note=note,
         )
 
-    def _track_outage(self, t: float, tick: Counters) -> None:
-        """Outage: requests fail because the server is not there and none succeed; it ends
-        with the first success. Both ends are events (their gaps give MTTR)."""
-        gone = sum(tick.errors.get(k, 0) for k in UNREACHABLE_ERRORS)
-        server_down = self._server is not None and not self._server.ok
-        if self._outage_since is None:
-            if tick.requests_ok == 0 and (gone > 0 or (server_down and tick.requests_failed)):
-                self._outage_since = t
-                why = f"{gone} requests could not reach the server" if gone else \
-                    "requests fail and /metrics does not answer"
-                self._event("outage", f"outage started: {why}", level="error")
-        elif tick.requests_ok > 0:
-            lasted = t - self._outage_since
-            self._outage_since = None
-            self._event("recovery", f"recovered after {lasted:.1f} s: requests succeed again")
+    def _track_outage(self, t: float, interval: float, tick: Counters) -> None:
+        """Outages, stalls and health by loadgen.model.outage's one definition (the soak
+        report replays the same tracker over the recording); what it sees start or end is
+        an event: outage (why, in words), recovery (with MTTR), stall."""
+        observed = Tick.of(t, interval, tick, in_flight=sum(self._in_flight.values()),
+                           stalled=sum(self._stalled.values()), server=self._server)
+        for change in self._outages.observe(observed):
+            self._event(change.kind, change.message, level=change.level)
 
     def _track_error_rate(self, t: float) -> None:
         c = self.counters

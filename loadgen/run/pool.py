@@ -11,12 +11,18 @@ import asyncio
 import contextlib
 import logging
 import sys
+from time import perf_counter
 
 import msgspec
 
 from loadgen.worker import wire
 
 log = logging.getLogger("tokentop.workers")
+
+# A new open-loop schedule starts this far ahead of the command, so that every worker has it
+# before its first arrival is due (a pipe write and one loop turn away).
+START_LEAD_S = 0.02
+READY_TIMEOUT_S = 60.0  # a worker process that has not answered by then is left behind
 
 
 class WorkerHandle:
@@ -25,6 +31,7 @@ class WorkerHandle:
         self.proc = proc
         self.reports: asyncio.Queue[wire.Report] = asyncio.Queue()
         self.stopped = asyncio.Event()
+        self.ready = asyncio.Event()  # its first message has arrived: it is serving commands
         self.failure: str | None = None
         self.latest_seq = -1
         self._arrived = asyncio.Event()
@@ -41,6 +48,7 @@ class WorkerHandle:
         try:
             while (raw := await wire.read_frame(self.proc.stdout)) is not None:
                 msg = wire.from_worker_decoder.decode(raw)
+                self.ready.set()
                 if isinstance(msg, wire.Report):
                     self.reports.put_nowait(msg)
                     self.latest_seq = max(self.latest_seq, msg.seq)
@@ -55,6 +63,7 @@ class WorkerHandle:
             if self.failure is None and self.proc.returncode not in (None, 0):
                 self.failure = f"worker {self.index} exited with code {self.proc.returncode}"
             self.stopped.set()
+            self.ready.set()
             self._arrived.set()
 
     async def wait_for(self, seq: int) -> None:
@@ -70,12 +79,32 @@ class WorkerHandle:
 
 
 class WorkerPool:
+    """The worker processes, and how the run's load is split over them.
+
+    Closed loop: streams by whole numbers (the first workers take the remainder).
+    Open loop: the process at the server must be the one asked for whatever the worker
+    count, so the rate is NOT divided into independent schedules (n constant schedules
+    arrive in bursts of n, and n merged gamma processes are no longer gamma). Every worker
+    gets the full rate, the same epoch (the same global arrival sequence) and its phase
+    `share` of `of`: worker i sends arrivals i, i + n, i + 2n … (loadgen.worker.load).
+    With an in-flight cap (--max-in-flight) the whole schedule runs in ONE worker and the
+    others get no open-loop arrivals: then the cap counts every request in flight and the
+    backlog is one queue, exactly; the price is that one worker's CPU carries the open loop
+    (a cap bounds what is in flight, so that is at most `cap` streams).
+    """
+
     def __init__(self, n: int) -> None:
         self.n = n
         self.workers: list[WorkerHandle] = []
         self.spec = wire.LoadSpec()
+        self._schedule: tuple | None = None  # what the open-loop schedule depends on
+        self._epoch = 0.0  # perf_counter() of the running schedule's start
+        self._paused = False
+        self._request_limit: int | None = None  # --requests, over all the workers
 
     async def start(self, configure: list[wire.Configure], env: dict[str, str]) -> None:
+        if all(cfg.max_requests is not None for cfg in configure):
+            self._request_limit = sum(cfg.max_requests or 0 for cfg in configure)
         for cfg in configure:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "loadgen.worker.main",
@@ -87,26 +116,68 @@ class WorkerPool:
             )
             handle = WorkerHandle(cfg.index, proc)
             handle.send(cfg)
+            # its answer says it is up: an open-loop schedule must not start while a worker
+            # is still importing, or its share of the first second goes out in a burst
+            handle.send(wire.Flush(-2))
             self.workers.append(handle)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                await asyncio.gather(*(w.ready.wait() for w in self.workers))
+        self.drain_reports()  # the start-up answers: nothing was sent yet
 
     def set_load(self, spec: wire.LoadSpec) -> None:
-        """Split the run's load over the workers: streams and caps by whole numbers (the
-        first workers take the remainder), the rate evenly (a split Poisson process is
-        still Poisson)."""
+        """Split the run's load over the workers (see the class). A change that leaves the
+        open-loop schedule as it is (a new cap value, say) keeps its epoch, so the workers
+        carry on with it; a new rate, process or placement starts a new one from now."""
         self.spec = spec
-        n = len(self.workers)
+        schedule = self._schedule_of(spec)
+        if schedule != self._schedule:
+            self._schedule = schedule
+            self._epoch = perf_counter() + START_LEAD_S
+        self._send_load()
+
+    def _schedule_of(self, spec: wire.LoadSpec) -> tuple | None:
+        if spec.mode != "open":
+            return None
+        return (spec.rate, spec.arrival, spec.shape, self._sender(spec))
+
+    def _sender(self, spec: wire.LoadSpec) -> int | None:
+        """With a cap, the one worker that runs the whole schedule: the first live one."""
+        if spec.max_in_flight is None:
+            return None
+        return next((i for i, w in enumerate(self.workers) if not w.stopped.is_set()), 0)
+
+    def _send_load(self) -> None:
+        spec, n = self.spec, len(self.workers)
+        sender = self._sender(spec)
+        streams = [_share(spec.concurrency, n, i) for i in range(n)]
+        if spec.mode == "closed":
+            weights = streams
+        else:
+            weights = [1 if sender in (None, i) else 0 for i in range(n)]
+        limits = _split(self._request_limit, weights)
         for i, w in enumerate(self.workers):
-            w.send(wire.SetLoad(msgspec.structs.replace(
-                spec,
-                concurrency=_share(spec.concurrency, n, i),
-                rate=spec.rate / n,
-                max_in_flight=None if spec.max_in_flight is None
-                else max(1, _share(spec.max_in_flight, n, i)),
-            )))
+            mine = msgspec.structs.replace(
+                spec, concurrency=streams[i], epoch=self._epoch, max_requests=limits[i])
+            if sender is None:
+                mine = msgspec.structs.replace(mine, share=i, of=n)
+            elif i != sender:
+                mine = msgspec.structs.replace(mine, rate=0.0)
+            w.send(wire.SetLoad(mine))
 
     def pause(self, paused: bool) -> None:
+        """Pause: every worker stops its schedule at the same instant. Resume: a fresh
+        schedule from now (with whatever load was set meanwhile), sent before the resume
+        itself so that no worker restarts the old one."""
+        if paused == self._paused:
+            return
+        self._paused = paused
+        now = perf_counter()
+        if not paused:
+            self._epoch = now + START_LEAD_S
+            self._send_load()
         for w in self.workers:
-            w.send(wire.Pause(paused))
+            w.send(wire.Pause(paused, at=now))
 
     async def collect(self, seq: int, timeout: float) -> list[wire.Report]:
         """Ask every live worker for its interval; whatever is late arrives with the next tick."""
@@ -144,6 +215,23 @@ class WorkerPool:
 
 def _share(total: int, n: int, i: int) -> int:
     return total // n + (1 if i < total % n else 0)
+
+
+def _split(total: int | None, weights: list[int]) -> list[int | None]:
+    """--requests over the workers in proportion to the load each carries (a worker with
+    no streams or no arrivals gets none, so the others reach the whole limit); whole
+    numbers that add up to the total, the largest remainders rounded up."""
+    if total is None:
+        return [None] * len(weights)
+    whole = sum(weights)
+    if whole == 0:  # no load anywhere: nothing will be sent, split evenly
+        weights, whole = [1] * len(weights), len(weights)
+    exact = [total * w / whole for w in weights]
+    out = [int(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: out[i] - exact[i])
+    for i in by_remainder[: total - sum(out)]:
+        out[i] += 1
+    return out
 
 
 async def _end(proc: asyncio.subprocess.Process) -> None:

@@ -44,12 +44,15 @@ class SinkError(Exception):
 
 
 # info events a headless run also prints as they happen: the good news after a bad one
-PRINTED_INFO = ("recovery", "slo", "gpu")
+# (a recovery ends an outage, a "stall over" a stall)
+PRINTED_INFO = ("recovery", "stall", "slo", "gpu")
 
 
 class ProgressLines:
     """A line a second on stderr (and every warning or error event as it happens, with the
-    recoveries that end them)."""
+    recoveries that end them). While the target is not up (loadgen.model.outage) the line
+    says so at its end: how long the outage has lasted, or that it is degraded, and how many
+    streams are stalled."""
 
     def __init__(self, say: Say) -> None:
         self.say = say
@@ -68,7 +71,7 @@ class ProgressLines:
                 self.say(f"tokentop: {ev.message}")
         if int(snap.elapsed) > self._last_second or snap.load.state == "stopped":
             self._last_second = int(snap.elapsed)
-            line = progress_line(snap, windows.stats("10s"))
+            line = progress_line(snap, windows.stats("10s")) + health_text(snap)
             self.say(f"{line} | {self.suffix()}" if self.suffix else line)
 
     def finish(self, summary: dict) -> None:
@@ -76,6 +79,17 @@ class ProgressLines:
 
     async def close(self) -> None:
         pass
+
+
+def health_text(snap: Snapshot) -> str:
+    """The progress line's tail while the target is not up; nothing while it is."""
+    ld = snap.load
+    stalled = f" | {ld.stalled} of {ld.in_flight} stalled" if ld.stalled else ""
+    if ld.health == "outage" and ld.outage_since is not None:
+        return f" | OUTAGE for {snap.t - ld.outage_since:.0f} s{stalled}"
+    if ld.health == "degraded":
+        return f" | degraded{stalled}"
+    return stalled
 
 
 def broker_settings(p: PublishTo, password: str | None) -> BrokerSettings:

@@ -46,7 +46,9 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
         "run_id": last.run_id if last else None,
         "target": msgspec.to_builtins(last.target) if last else None,
         "config": msgspec.to_builtins(cfg),
+        # load time: from the end of warm-up to the start of the drain (the drain is apart)
         "duration_s": round(run.seconds, 3),
+        "drain": windows.drain(),
         "requests": {
             "ok": run.requests_ok,
             "failed": run.requests_failed,
@@ -54,9 +56,11 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
             "errors": run.errors,
         },
         "tokens": {
-            "output": run.output_tokens,
+            "output": run.output_tokens,  # delivered, counted as they arrived
+            "output_completed": run.completed_output_tokens,  # of requests that completed
             "input": run.input_tokens,
             "output_estimated": run.tokens_estimated,
+            "input_per_request": _input_per_request(run),
         },
         "throughput": {
             "output_tok_s": run.output_tok_s,
@@ -69,6 +73,13 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
             "per_user_tok_s": _per_user(run.latency.get("tpot")),
         },
         "latency_ms": latency,
+        # open loop: arrivals dropped from a full backlog were never sent, so the
+        # intended-time percentiles (ttft_co, e2e_co) cannot hold them: this many are missing
+        "co_dropped_arrivals": run.errors.get("client_backlog_full", 0)
+        if "ttft_co" in latency else None,
+        # ITL token gaps spread over multi-token chunks (no per-chunk usage): estimated
+        "itl_estimated": run.itl_estimated,
+        "clipped_samples": run.clipped_samples,  # latencies above 1 h, recorded at 1 h
         "server": msgspec.to_builtins(last.server) if last and last.server else None,
         "finished_at": time.time(),
     }
@@ -86,6 +97,15 @@ def thresholds(cfg: RunConfig, windows: SnapshotWindows) -> list[dict]:
     return evaluate_thresholds(slos.thresholds, run.latency, rates)
 
 
+def _input_per_request(run: WindowStats) -> dict | None:
+    """What was asked against what the server counted (its chat template adds tokens)."""
+    server, asked = run.input_per_request, run.input_asked_per_request
+    if server is None or asked is None:
+        return None
+    return {"server": round(server, 1), "asked": round(asked, 1),
+            "differs": run.input_differs}
+
+
 def _per_user(tpot: dict | None) -> dict[str, float | None]:
     def inv(us: float | None) -> float | None:
         return None if not us else 1e6 / us
@@ -97,10 +117,13 @@ def exit_status(summary: dict, recording_failed: str | None = None) -> tuple[int
     """The exit code and its one-line reason, from the summary (and a recording failure)."""
     req = summary["requests"]
     ok, failed = req["ok"], req["failed"]
-    if ok == 0 and failed > 0:
-        kinds = ", ".join(f"{n}× {k}" for k, n in sorted(req["errors"].items()))
-        return EXIT_NOTHING_SUCCEEDED, f"every request failed ({kinds})"
-    if ok == 0:
+    drain = summary.get("drain") or {}
+    finished = ok + drain.get("requests_ok", 0)
+    streamed = summary["tokens"]["output"] + drain.get("output_tokens", 0)
+    if finished == 0 and streamed == 0:
+        if failed > 0:
+            kinds = ", ".join(f"{n}× {k}" for k, n in sorted(req["errors"].items()))
+            return EXIT_NOTHING_SUCCEEDED, f"every request failed ({kinds})"
         return EXIT_NOTHING_SUCCEEDED, "no request completed; run longer or check the server"
     failing = [t for t in summary.get("thresholds") or [] if not t["passed"]]
     if failing:
@@ -110,6 +133,13 @@ def exit_status(summary: dict, recording_failed: str | None = None) -> tuple[int
     tput = summary["throughput"]
     done = (f"done: {ok} requests ok, {failed} failed, "
             f"{tput['output_tok_s'] or 0:.0f} output tok/s over {summary['duration_s']:.1f} s")
+    prompt = summary["tokens"].get("input_per_request")
+    if prompt and prompt["differs"]:
+        done += (f"; the server counted {prompt['server']:.0f} prompt tokens a request, "
+                 f"{prompt['asked']:.0f} asked")
+    if drain.get("requests_ok") or drain.get("requests_cancelled"):
+        done += (f"; drain: {drain['requests_ok']} finished, {drain['requests_cancelled']} "
+                 "cancelled")
     if summary.get("recording_error"):  # --on-disk-full=continue: say so in the last line too
         done += f"; recording stopped early: {summary['recording_error']}"
     return EXIT_OK, done
@@ -144,6 +174,7 @@ def progress_line(snap: Snapshot, w: WindowStats) -> str:
     )
     ttft, itl = w.latency["ttft"], w.latency["itl"]
     est = " est" if w.tokens_estimated else ""
+    itl_est = " est" if w.itl_estimated else ""
     c = snap.counters
     load = f"c={ld.target_concurrency}" if ld.mode == "closed" else (
         f"rate={ld.target_rate:g}/s backlog={ld.backlog}")
@@ -151,6 +182,7 @@ def progress_line(snap: Snapshot, w: WindowStats) -> str:
     return (
         f"[{snap.elapsed:6.0f}s] {state:<8} {load} inflight={ld.in_flight}"
         f" | {_num(w.output_tok_s)} tok/s{est} {_num(w.req_s, 1)} req/s"
-        f" | TTFT p50 {_ms(ttft['p50'])} p99 {_ms(ttft['p99'])} | ITL p99 {_ms(itl['p99'], 2)}"
+        f" | TTFT p50 {_ms(ttft['p50'])} p99 {_ms(ttft['p99'])}"
+        f" | ITL p99 {_ms(itl['p99'], 2)}{itl_est}"
         f" | ok {c.requests_ok} err {c.requests_failed} | {server}"
     )

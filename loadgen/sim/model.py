@@ -53,8 +53,15 @@ class SimConfig:
     tokens_per_chunk: int = 1
     # Exact-timing mode (both set): every request gets exactly this TTFT and ITL whatever
     # the load, and every chunk carries "tokentop_sent_ns" (wall clock at write).
+    # tokens_per_chunk applies there too; a chunk is written at its last token's deadline.
     exact_ttft_ms: float | None = None
     exact_itl_ms: float | None = None
+    # Exact-timing mode: above 1, every chunk after the first carries 1..this many tokens,
+    # drawn per chunk (seeded), in place of tokens_per_chunk: a server whose chunks vary
+    exact_chunk_tokens_max: int = 1
+    # tokens a chat template adds to every chat prompt, as real servers count them
+    # (llama.cpp's default template adds about 14)
+    chat_template_tokens: int = 0
     metrics_dialect: str = "vllm"  # vllm | sglang | tgi | llamacpp | trtllm | triton
     faults: FaultConfig = field(default_factory=FaultConfig)
     # the simulated GPU(s); memory and power are per GPU, weights and KV split over them
@@ -75,7 +82,7 @@ class SimConfig:
     def __post_init__(self) -> None:
         # A zero here would leave requests queued forever: refuse it up front.
         for name in ("slots", "kv_tokens", "prefill_chunk_tokens", "default_max_tokens",
-                     "tokens_per_chunk", "gpu_count"):  # fmt: skip
+                     "tokens_per_chunk", "exact_chunk_tokens_max", "gpu_count"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.mean_output_tokens <= 0:

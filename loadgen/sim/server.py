@@ -3,13 +3,14 @@
 Endpoints: POST /v1/chat/completions and /v1/completions (stream and whole),
 GET /v1/models, /health, /metrics (vLLM names, or another engine's with
 `--metrics-dialect`), /sim/gpu (the simulated GPU), and GET/POST /sim/faults
-(fault settings and injected counts; POST from loopback peers only, see faults.py).
+(fault settings and injected counts; POST from loopback peers only, see faults.py),
+and GET /sim/arrivals (each completion request's arrival time, loopback peers only).
 
 Requests, as the simulator reads them:
 
 * prompt tokens = whitespace-separated words of the prompt (completions; a
-  list of token ids counts its length) or of every message's text (chat), at
-  least 1;
+  list of token ids counts its length) or of every message's text (chat, plus
+  `chat_template_tokens`), at least 1;
 * `max_tokens` (chat also `max_completion_tokens`), default 256, capped so
   that prompt + completion fits the KV budget; asking for more than fits is a
   400, as vLLM answers past max_model_len;
@@ -22,10 +23,13 @@ Requests, as the simulator reads them:
   one SSE chunk (or k words per chunk with `tokens_per_chunk` k > 1);
 * exact-timing mode (`exact_ttft_ms` + `exact_itl_ms`): the scheduler is
   bypassed (and with it the mid-stream faults: only 500, 429 and slow first
-  byte apply), every request's first token is written exactly `exact_ttft_ms`
+  byte apply), every request's first token is due exactly `exact_ttft_ms`
   after it arrived and each next one `exact_itl_ms` later (by deadline, never
   by accumulated sleeps), and every chunk carries `"tokentop_sent_ns"`, the
-  wall clock (time.time_ns) just before its write.
+  wall clock (time.time_ns) just before its write. The first token goes alone;
+  later chunks carry `tokens_per_chunk` tokens, or 1..`exact_chunk_tokens_max`
+  drawn per chunk (seeded), and each is written when the last token it carries
+  is due, so the true per-token gap is `exact_itl_ms` however tokens are grouped.
 """
 
 from __future__ import annotations
@@ -33,16 +37,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import itertools
 import json
 import logging
 import math
 import os
+import random
 import signal
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,14 +119,16 @@ class CompletionRequest:
     continuous_usage: bool
 
 
-def parse_request(body: Any, *, chat: bool) -> CompletionRequest:
-    """Validate a completion body; raises RequestError(400) with a readable message."""
+def parse_request(body: Any, *, chat: bool, template_tokens: int = 0) -> CompletionRequest:
+    """Validate a completion body; raises RequestError(400) with a readable message.
+    `template_tokens`: what a chat template adds to every chat prompt's count."""
     if not isinstance(body, dict):
         raise RequestError(400, "The request body must be a JSON object.")
     model = body.get("model")
     if not isinstance(model, str):
         raise RequestError(400, "`model` is required and must be a string.")
-    prompt_tokens = _count_messages(body.get("messages")) if chat else _count_prompt(body)
+    prompt_tokens = (_count_messages(body.get("messages")) + template_tokens if chat
+                     else _count_prompt(body))
     max_tokens = body.get("max_tokens")
     if chat and body.get("max_completion_tokens") is not None:
         max_tokens = body["max_completion_tokens"]
@@ -313,6 +322,9 @@ def is_loopback(remote: str | None) -> bool:
     return addr.is_loopback
 
 
+ARRIVALS_KEPT = 100_000  # arrival times kept for GET /sim/arrivals (about 1 MB)
+
+
 class SimServer:
     """The aiohttp application around one BatchModel, its SimGpu and its Faults."""
 
@@ -329,6 +341,9 @@ class SimServer:
         self.port = 0
         self._outage_task: asyncio.Task[None] | None = None
         self.unauthorized = 0  # /v1 requests refused for a missing or wrong Authorization
+        # loop.time() (CLOCK_MONOTONIC) of each completion request's arrival, the newest
+        # ARRIVALS_KEPT: the arrival process as the server saw it (GET /sim/arrivals)
+        self.arrivals: deque[float] = deque(maxlen=ARRIVALS_KEPT)
         app = web.Application(middlewares=[self._authenticate])
         app.add_routes(
             [
@@ -340,6 +355,7 @@ class SimServer:
                 web.get("/sim/gpu", self._gpu),
                 web.get("/sim/faults", self.get_faults),
                 web.post("/sim/faults", self.post_faults),
+                web.get("/sim/arrivals", self._arrivals),
             ]
         )
         self.app = app
@@ -365,13 +381,14 @@ class SimServer:
 
     async def _complete(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         arrived = asyncio.get_running_loop().time()
+        self.arrivals.append(arrived)
         try:
             body = json.loads(await request.read())
         except ValueError as exc:
             message = f"The request body is not valid JSON: {exc}"
             return error_response(400, message, "BadRequestError")
         try:
-            req = parse_request(body, chat=chat)
+            req = parse_request(body, chat=chat, template_tokens=self.cfg.chat_template_tokens)
         except RequestError as exc:
             return exc.response()
         if req.model != self.cfg.model_name:
@@ -552,19 +569,25 @@ class SimServer:
         if writer.chat:
             await resp.write(stamp(writer.role(), time.time_ns()))
         target = seq.target
-        for k in range(target):
-            await _sleep_until(loop, arrived + ttft + itl * k)
-            data = writer.tokens(k, k + 1)
-            seq.generated = k + 1
+        writer.multi = True  # a chunk of several tokens is one chunk, as with the scheduler
+        sizes = self._exact_chunk_sizes(seq)
+        k = 0
+        while k < target:
+            end = min(target, k + next(sizes))
+            # a chunk goes out when its last token is due: the per-token truth stays exact
+            await _sleep_until(loop, arrived + ttft + itl * (end - 1))
+            data = writer.tokens(k, end)
+            seq.generated = end
             await resp.write(stamp(data, time.time_ns()))
             now = loop.time()
-            if k == 0:
+            if k == 0:  # the first token goes alone
                 metrics.ttft.observe(now - arrived)
                 metrics.prompt_tokens += seq.prompt_tokens
             else:
-                metrics.itl.observe(now - seq.last_token_t)
+                metrics.itl.observe((now - seq.last_token_t) / (end - k), end - k)
             seq.last_token_t = now
-            metrics.generation_tokens += 1
+            metrics.generation_tokens += end - k
+            k = end
         seq.state = DONE
         seq.finish_reason = seq.target_reason
         metrics.finished(seq.target_reason, seq.prompt_tokens, target)
@@ -572,6 +595,19 @@ class SimServer:
         metrics.queue.observe(0.0)
         await resp.write(stamp(writer.ending(), time.time_ns()))
         await resp.write_eof()
+
+    def _exact_chunk_sizes(self, seq: Sequence) -> Iterator[int]:
+        """Tokens per chunk in exact-timing mode: the first alone (as vLLM sends it), then
+        tokens_per_chunk, or 1..exact_chunk_tokens_max drawn per chunk (seeded: the
+        request's text offset comes from the engine's seeded generator)."""
+        yield 1
+        top = self.cfg.exact_chunk_tokens_max
+        if top <= 1:
+            yield from itertools.repeat(self.cfg.tokens_per_chunk)
+            return
+        rng = random.Random(seq.offset)
+        while True:
+            yield rng.randint(1, top)
 
     def _exact_account(
         self, seq: Sequence, arrived: float, ttft: float, itl: float, now: float
@@ -641,6 +677,15 @@ class SimServer:
 
     async def _gpu(self, _request: web.Request) -> web.Response:
         return web.json_response(self.gpu.sample())
+
+    async def _arrivals(self, request: web.Request) -> web.Response:
+        """The arrival times (seconds, CLOCK_MONOTONIC) of the latest completion requests:
+        what a load generator's arrival process looked like here. Loopback peers only."""
+        if not is_loopback(request.remote):
+            return error_response(
+                403, "Arrival times are only served to loopback.", "PermissionDeniedError"
+            )
+        return web.json_response(list(self.arrivals))
 
     # ---- faults
 

@@ -3,8 +3,20 @@
 Requests go over `loadgen.worker.http_stream` connections, kept alive and reused;
 the body bytes are measured by `loadgen.worker.stream_measure`. Every way a request
 can go wrong ends as exactly one error kind in the interval's counters:
-connect, timeout, http_4xx, http_429, http_5xx, stream_broken,
+connect, timeout, http_3xx, http_4xx, http_429, http_5xx, stream_broken,
 malformed_chunk, empty_response, cancelled.
+
+A request's clock (TTFT, E2E) starts when the request starts, before it takes a
+connection: a connection it has to open first is time its user waits, as the
+other benchmarks (and `--client openai`, whose SDK opens its own) count it. The
+setup time of every new connection (TCP, and TLS where used) is also recorded on
+its own as `connect`; a kept-alive connection reused costs nothing and records
+nothing. A kept-alive connection the server had closed is retried once on a
+fresh one, and the request keeps its first clock (its user waited for both).
+
+Streams in flight that have received no byte for STALL_AFTER_S are `stalled()`:
+a frozen server (SIGSTOP, a hung engine) keeps its sockets open and sends
+nothing, which no error would ever show.
 """
 
 from __future__ import annotations
@@ -15,6 +27,7 @@ from time import perf_counter, time_ns
 
 import msgspec
 
+from loadgen.model.outage import STALL_AFTER_S
 from loadgen.model.slo import Slo
 from loadgen.worker.http_stream import Endpoint, Outcome, StreamConnection, open_connection
 from loadgen.worker.interval import IntervalRecorder
@@ -44,6 +57,7 @@ class StreamingClient:
         self.calibrate = calibrate  # compare with the exact-timing simulator's send stamps
         self.in_flight = 0
         self._idle: list[StreamConnection] = []
+        self._live: set[StreamMeasure] = set()  # the streams in flight, for stalled()
 
     async def request(
         self,
@@ -61,20 +75,24 @@ class StreamingClient:
         payload = self.endpoint.request_bytes(body)
         conn: StreamConnection | None = None
         limit = self.timeout if cancel_after_s is None else min(self.timeout, cancel_after_s)
+        # the clock starts before the connection: opening one is part of the user's wait; the
+        # wall stamp is taken beside it, so the simulator's send stamps compare with the same
+        t0 = perf_counter()
+        t0_ns = time_ns() if self.calibrate else None
+        if t_intended is not None:
+            self.rec.lag.append(max(0.0, (t0 - t_intended) * 1e6))
+        measure = StreamMeasure(
+            self.rec, t0, prompt_words, t_intended=t_intended, slo=self.slo,
+            t0_wall_ns=t0_ns, cancel_after_tokens=cancel_after_tokens,
+        )
+        self._live.add(measure)
         try:
             async with asyncio.timeout(limit):
                 for attempt in (0, 1):
                     conn, reused = await self._connection()
-                    t0 = perf_counter()
-                    t0_ns = time_ns() if self.calibrate else None
-                    if t_intended is not None:
-                        self.rec.lag.append(max(0.0, (t0 - t_intended) * 1e6))
-                    measure = StreamMeasure(
-                        self.rec, t0, prompt_words, t_intended=t_intended, slo=self.slo,
-                        t0_wall_ns=t0_ns, cancel_after_tokens=cancel_after_tokens,
-                    )
                     outcome = await conn.send(payload, measure)
-                    # a kept-alive connection the server had just closed: try once more, fresh
+                    # A kept-alive connection the server had just closed: try once more,
+                    # fresh. No byte came, so the measure is untouched and goes on as is.
                     if reused and attempt == 0 and _closed_before_answer(outcome, conn):
                         continue
                     break
@@ -102,17 +120,29 @@ class StreamingClient:
             return False
         finally:
             self.in_flight -= 1
+            self._live.discard(measure)
+            # however it ended, what it had measured counts (finish() has done it already;
+            # end() is idempotent)
+            measure.end()
         return True
+
+    def stalled(self, now: float) -> int:
+        """Streams in flight with no byte for STALL_AFTER_S (one still waiting for its
+        connection counts from its start)."""
+        return sum(1 for m in self._live if now - m.seen >= STALL_AFTER_S)
 
     async def _connection(self) -> tuple[StreamConnection, bool]:
         while self._idle:
             conn = self._idle.pop()
             if not conn.closed:
                 return conn, True
+        t = perf_counter()
         try:
-            return await open_connection(self.endpoint, CONNECT_TIMEOUT_S), False
+            conn = await open_connection(self.endpoint, CONNECT_TIMEOUT_S)
         except TimeoutError:
             raise OSError(f"no connection within {CONNECT_TIMEOUT_S:g} s") from None
+        self.rec.connect.append((perf_counter() - t) * 1e6)
+        return conn, False
 
     def _classify(self, out: Outcome, measure: StreamMeasure) -> None:
         if out.kind == "recorded":
@@ -141,6 +171,12 @@ def http_error(status: int, headers: dict[bytes, bytes], body: bytes) -> tuple[s
         after = headers.get(b"retry-after")
         wait = f" (Retry-After {after.decode(errors='replace')} s)" if after else ""
         return "http_429", f"HTTP 429 rate limited{wait}: {detail}"
+    if 300 <= status < 400:
+        # following it would change what is measured (and POST may become GET): say where
+        location = headers.get(b"location")
+        where = f" to {location.decode(errors='replace')}" if location else " (no Location)"
+        return "http_3xx", (f"HTTP {status} redirect{where}: tokentop does not follow "
+                            "redirects; give the final URL")
     kind = "http_4xx" if 400 <= status < 500 else "http_5xx"
     return kind, f"HTTP {status}: {detail}"
 

@@ -32,8 +32,8 @@ class SparseHist(msgspec.Struct, array_like=True):
 
 class IntervalRecorder:
     __slots__ = (
-        "counters", "e2e", "e2e_co", "icl", "itl_err", "itl_v", "itl_w", "lag", "last_errors",
-        "tpot", "ttft", "ttft_co", "ttft_err",
+        "chunk_tokens", "connect", "counters", "e2e", "e2e_co", "icl", "itl_err", "itl_v",
+        "itl_w", "lag", "last_errors", "tpot", "ttft", "ttft_co", "ttft_err", "usage_tokens",
     )
 
     def __init__(self) -> None:
@@ -51,7 +51,13 @@ class IntervalRecorder:
         self.e2e_co = array("d")
         self.ttft_err = array("d")  # calibration: |measured − true|
         self.itl_err = array("d")
+        self.connect = array("d")  # setup time of each new connection (TCP, TLS)
         self.counters = Counters()
+        # Output tokens as they arrive, kept here as plain ints (a Counters field costs twice
+        # as much to bump, once a chunk) and folded into the counters at take: per-chunk
+        # usage deltas, and tokens counted one a chunk (estimated until a usage corrects).
+        self.usage_tokens = 0
+        self.chunk_tokens = 0
         self.last_errors: dict[str, str] = {}
 
     def error(self, kind: str, message: str) -> None:
@@ -65,21 +71,28 @@ class IntervalRecorder:
 
     def take(self) -> tuple[Counters, dict[str, SparseHist], dict[str, str]]:
         """Everything recorded since the last take, as counters and sparse histograms."""
-        hists = {"itl": _sparse(self.itl_v, self.itl_w)} if self.itl_v else {}
+        counters, errors = self.counters, self.last_errors
+        counters.output_tokens += self.usage_tokens + self.chunk_tokens
+        counters.estimated_output_tokens += self.chunk_tokens
+        hists: dict[str, SparseHist] = {}
+        if self.itl_v:
+            hists["itl"] = _sparse(self.itl_v, self.itl_w, counters)
         for name in _PLAIN:
             values = getattr(self, name)
             if values:  # only what was measured: an empty metric costs nothing on the wire
-                hists[name] = _sparse(values)
-        counters, errors = self.counters, self.last_errors
+                hists[name] = _sparse(values, None, counters)
         self._clear()
         return counters, hists, errors
 
 
-_PLAIN = ("ttft", "e2e", "tpot", "icl", "lag", "ttft_co", "e2e_co", "ttft_err", "itl_err")
+_PLAIN = ("ttft", "e2e", "tpot", "icl", "lag", "ttft_co", "e2e_co", "ttft_err", "itl_err",
+          "connect")
 
 
-def _sparse(values: array, weights: array | None = None) -> SparseHist:
+def _sparse(values: array, weights: array | None, counters: Counters) -> SparseHist:
     v = np.frombuffer(values, np.float64) if len(values) else np.empty(0)
     w = np.frombuffer(weights, np.float64) if weights is not None and len(weights) else None
-    idx, cnt = hdr.sparse_counts(v, w)
+    idx, cnt, clipped = hdr.sparse_counts_clipped(v, w)
+    # a value above the range is recorded at its top: say how many, so none passes unseen
+    counters.clipped_samples += clipped
     return SparseHist.of(idx, cnt)

@@ -4,6 +4,31 @@ Closed loop: N simulated users, each sending its next request when the last
 ends. The target can change at any moment. Raising it starts users at once;
 lowering it lets the surplus users finish the request they are in and then
 leave, so turning load down never shows up as cancelled requests.
+
+Open loop over several workers: the process at the server must be the one
+asked for whatever the worker count (a constant 10 req/s split as four
+independent 2.5 req/s schedules arrives in bursts of four; a split gamma
+process is no longer gamma). So every worker generates the SAME global arrival
+sequence (the same seed, the full rate) from the same start instant, the
+`epoch`, and worker `share` of `of` sends arrivals share, share + of,
+share + 2·of … (a round-robin phase split): together they send exactly the
+global sequence (each worker draws every gap, a microsecond per arrival, and
+every schedule replays the seeded sequence from its start). The epoch is the
+coordinator's time.perf_counter() when the
+schedule (re)starts; on Linux that is CLOCK_MONOTONIC, one clock for every
+process on the host, so the workers agree on it without talking to each
+other. A new rate or arrival process starts a new global schedule from a new
+epoch (the pool sets it); a load change that leaves the schedule as it is does
+not restart it. With an in-flight cap the whole schedule runs in one worker
+(see loadgen/run/pool.py), so that the cap and the backlog are exact.
+
+Pause: the arrival schedule stops; requests in flight finish; due requests in
+the backlog stay there and are sent on resume with their intended send time
+moved later by the length of the pause (the pause is the operator's, not the
+server's, so it is not latency). A rate or mode change while paused is kept
+and takes effect at resume, which starts a fresh schedule; nothing is sent
+while paused. Paused closed-loop users finish their request and wait, also
+the users a concurrency change adds while paused.
 """
 
 from __future__ import annotations
@@ -12,6 +37,7 @@ import asyncio
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from time import perf_counter
 
 
@@ -106,6 +132,19 @@ class ClosedLoop:
         await finish_within(list(self._users.values()), grace)
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """One global arrival sequence (rate, process, start instant) and this worker's phase
+    of it: it sends arrivals share, share + of, share + 2·of …"""
+
+    rate: float
+    kind: str
+    shape: float
+    epoch: float  # perf_counter() (CLOCK_MONOTONIC, one clock for the host) of the start
+    share: int = 0
+    of: int = 1
+
+
 class OpenLoop:
     """Requests at a target rate, whatever the server does (a fixed arrival schedule).
 
@@ -120,55 +159,82 @@ class OpenLoop:
     def __init__(
         self,
         send_at: Callable[[float], Awaitable[bool]],
-        arrivals: Arrivals,
+        seed: int,
         on_overflow: Callable[[], None],
     ) -> None:
         self._send_at = send_at
-        self.arrivals = arrivals
+        self._seed = seed  # the same in every worker: they all draw the one global sequence
         self._on_overflow = on_overflow
+        self.schedule: Schedule | None = None  # None: no open-loop arrivals here
         self.cap: int | None = None
         self.in_flight = 0
         self.backlog: deque[float] = deque()
         self._tasks: set[asyncio.Task] = set()
         self._scheduler: asyncio.Task | None = None
-        self._paused = False
+        self._paused_at: float | None = None
+        self._stopping = False
 
-    def start(self) -> None:
-        if self._scheduler is None:
-            self._scheduler = asyncio.create_task(self._schedule())
+    @property
+    def paused(self) -> bool:
+        return self._paused_at is not None
 
-    def set(self, rate: float, cap: int | None) -> None:
-        changed = rate != self.arrivals.rate
-        self.arrivals.rate = rate
+    def set(self, schedule: Schedule | None, cap: int | None) -> None:
+        """Follow `schedule` (None or rate 0: no new arrivals) under `cap`. The same schedule
+        again leaves the one running alone; while paused a new one waits for the resume."""
         self.cap = cap
-        if changed and self._scheduler is not None:
-            # a new rate starts a new schedule from now
-            self._scheduler.cancel()
-            self._scheduler = asyncio.create_task(self._schedule())
+        if schedule != self.schedule:
+            self.schedule = schedule
+            self._restart()
+        if not self.paused:
+            self._release()
+
+    def pause(self, paused: bool, at: float) -> None:
+        """Pause or resume at `at` (the coordinator's perf_counter(), the same instant for
+        every worker). On resume the backlog's intended times move later by the pause."""
+        if paused:
+            if self._paused_at is None:
+                self._paused_at = at
+                self._cancel_scheduler()
+            return
+        if self._paused_at is None:
+            return
+        shift = max(0.0, at - self._paused_at)
+        self._paused_at = None
+        if shift and self.backlog:
+            self.backlog = deque(t + shift for t in self.backlog)
+        self._restart()
         self._release()
 
-    def pause(self, paused: bool) -> None:
-        self._paused = paused
-        if paused and self._scheduler is not None:
+    def _restart(self) -> None:
+        self._cancel_scheduler()
+        s = self.schedule
+        if s is not None and s.rate > 0 and not self.paused and not self._stopping:
+            self._scheduler = asyncio.create_task(self._schedule(s))
+
+    def _cancel_scheduler(self) -> None:
+        if self._scheduler is not None:
             self._scheduler.cancel()
             self._scheduler = None
-        elif not paused:
-            self.start()
 
-    async def _schedule(self) -> None:
-        loop = asyncio.get_running_loop()
-        t = perf_counter()
+    async def _schedule(self, s: Schedule) -> None:
+        arrivals = Arrivals(s.rate, s.kind, s.shape, self._seed)
+        t = s.epoch
+        k = -1
         while True:
-            gap = self.arrivals.next_gap()
-            if gap is None:  # rate 0: nothing to send until the rate changes
+            gap = arrivals.next_gap()
+            if gap is None:
                 return
             t += gap
+            k += 1
+            if k % s.of != s.share:
+                continue  # another worker's arrival: drawn here only to keep the sequence
             delay = t - perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            else:
+                # behind the schedule: send at once, but let the sends already made run
+                await asyncio.sleep(0)
             self._due(t)
-            if delay < -1.0:  # more than a second behind: the loop is saturated
-                loop.call_soon(lambda: None)
 
     def _due(self, t_intended: float) -> None:
         self.backlog.append(t_intended)
@@ -188,14 +254,12 @@ class OpenLoop:
     def _done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         self.in_flight -= 1
-        if not self._paused:
+        if not self.paused and not self._stopping:
             self._release()
 
     async def drain(self, grace: float) -> None:
-        if self._scheduler is not None:
-            self._scheduler.cancel()
-            self._scheduler = None
-        self._paused = True
+        self._stopping = True
+        self._cancel_scheduler()
         self.backlog.clear()
         await finish_within(list(self._tasks), grace)
 

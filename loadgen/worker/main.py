@@ -19,7 +19,7 @@ from loadgen.worker import eventloop, wire
 from loadgen.worker.client import StreamingClient
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.limits import raise_open_file_limit
-from loadgen.worker.load import Arrivals, ClosedLoop, OpenLoop
+from loadgen.worker.load import ClosedLoop, OpenLoop, Schedule
 from loadgen.worker.workload import RequestFactory
 
 log = logging.getLogger("tokentop.worker")
@@ -63,8 +63,8 @@ class Worker:
         url = cfg.base_url.rstrip("/") + cfg.workload.path
         self.client = make_client(cfg, url, self.rec)
         self.closed = ClosedLoop(self._send_one)
-        self.open = OpenLoop(self._send_at, Arrivals(0.0, seed=cfg.workload.seed + cfg.index),
-                             self._backlog_overflow)
+        # one seed for every worker: they all draw the same global arrival sequence
+        self.open = OpenLoop(self._send_at, cfg.workload.seed, self._backlog_overflow)
         self.spec = wire.LoadSpec()
 
     async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -81,11 +81,13 @@ class Worker:
 
     async def _send_at(self, t_intended: float | None) -> bool:
         """One request; False when the server could not be reached (the user backs off)."""
-        limit = self.cfg.max_requests
+        limit = self.spec.max_requests
+        if limit is None:
+            limit = self.cfg.max_requests
         if limit is not None and self.sent >= limit:
             # this worker's share of --requests is used up: stop asking for more
             self.closed.set_target(0)
-            self.open.set(0.0, self.open.cap)
+            self.open.set(None, self.open.cap)
             return True
         self.sent += 1
         body, words = self.factory.next()
@@ -101,18 +103,17 @@ class Worker:
         self.rec.error("client_backlog_full", "open-loop backlog full: dropped the oldest request")
 
     def apply(self, spec: wire.LoadSpec) -> None:
-        """Move to the wanted load; switching mode winds the other loop down gently."""
+        """Move to the wanted load; switching mode winds the other loop down gently. While
+        paused the change is kept and sends nothing until the resume."""
         self.spec = spec
         if spec.mode == "closed":
-            self.open.set(0.0, spec.max_in_flight)
+            self.open.set(None, spec.max_in_flight)
             self.closed.set_target(spec.concurrency)
         else:
             self.closed.set_target(0)
-            arrivals = self.open.arrivals
-            if (arrivals.kind, arrivals.shape) != (spec.arrival, spec.shape):
-                arrivals.kind, arrivals.shape = spec.arrival, spec.shape
-            self.open.set(spec.rate, spec.max_in_flight)
-            self.open.start()
+            self.open.set(Schedule(rate=spec.rate, kind=spec.arrival, shape=spec.shape,
+                                   epoch=spec.epoch, share=spec.share, of=spec.of),
+                          spec.max_in_flight)
 
     # ---- the pipe -----------------------------------------------------------------------
 
@@ -129,7 +130,7 @@ class Worker:
                 self.apply(msg.spec)
             elif isinstance(msg, wire.Pause):
                 self.closed.pause(msg.paused)
-                self.open.pause(msg.paused)
+                self.open.pause(msg.paused, msg.at or time.perf_counter())
             elif isinstance(msg, wire.Flush):
                 writer.write(wire.frame(self._report(msg.seq)))
                 await writer.drain()
@@ -160,6 +161,7 @@ class Worker:
             last_errors=errors,
             loop_lag_ms=self.lag.take_ms(),
             cpu_s=cpu_s,
+            stalled=self.client.stalled(time.perf_counter()),
         )
 
 

@@ -4,6 +4,12 @@ Slower per chunk than the raw client (the SDK builds pydantic objects for
 every chunk), and that is the point: it shows what an SDK-based application
 experiences, and `tokentop calibrate` can set the two side by side. The
 measurements and error kinds are the same as the raw client's.
+
+The TTFT clock starts before the SDK call, so it includes any connection the
+SDK's pool has to open, as the raw client's does (both clients agree). The SDK
+opens its connections out of sight, so `connect` (connection setup time) is not
+recorded by this client. Redirects are not followed (the SDK would, turning the
+POST into a GET): a 3xx is http_3xx, as in the raw client.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from time import perf_counter
 import msgspec
 import openai
 
+from loadgen.model.outage import STALL_AFTER_S
 from loadgen.model.slo import Slo
 from loadgen.worker.client import http_error
 from loadgen.worker.interval import IntervalRecorder
@@ -44,6 +51,7 @@ class OpenAIClient:
         self.sdk = openai.AsyncOpenAI(
             base_url=base, api_key=credential if bearer else "not-needed", timeout=timeout,
             max_retries=0,
+            http_client=openai.DefaultAsyncHttpxClient(follow_redirects=False),
             default_headers=None if bearer or not authorization
             else {"Authorization": authorization},
         )
@@ -51,6 +59,7 @@ class OpenAIClient:
         self.slo = slo
         self.timeout = timeout
         self.in_flight = 0
+        self._live: set[StreamMeasure] = set()  # the streams in flight, for stalled()
 
     async def request(
         self,
@@ -71,13 +80,16 @@ class OpenAIClient:
             self.rec.lag.append(max(0.0, (t0 - t_intended) * 1e6))
         m = StreamMeasure(self.rec, t0, prompt_words, t_intended=t_intended, slo=self.slo,
                           cancel_after_tokens=cancel_after_tokens)
+        self._live.add(m)
         try:
             async with asyncio.timeout(limit):
                 stream = await create(**params, extra_body=extra or None)
                 try:
                     async for chunk in stream:
                         if not m.chunk(_as_chunk(chunk), perf_counter()):
-                            return  # abandoned by the client: already counted
+                            # abandoned by the client (already counted): the server was
+                            # reached, so a closed-loop user must not back off
+                            return True
                 finally:
                     await stream.close()
             m.done = True  # the SDK swallows [DONE]; a normal end of iteration means it came
@@ -109,7 +121,13 @@ class OpenAIClient:
             return m.started
         finally:
             self.in_flight -= 1
+            self._live.discard(m)
+            m.end()  # however it ended, what it had measured counts (idempotent)
         return True
+
+    def stalled(self, now: float) -> int:
+        """As StreamingClient.stalled: streams in flight with no chunk for STALL_AFTER_S."""
+        return sum(1 for m in self._live if now - m.seen >= STALL_AFTER_S)
 
     def close(self) -> None:
         # the SDK's httpx client closes with the process; nothing is kept per request

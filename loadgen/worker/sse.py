@@ -107,5 +107,22 @@ class Chunk(msgspec.Struct):
                 return True
         return False
 
+    def text_len(self) -> int:
+        """Characters of generated text in this chunk (0: no text), for spreading a final
+        token count over chunks that carried several tokens each."""
+        n = 0
+        for c in self.choices:
+            if c.text:
+                n += len(c.text)
+            d = c.delta
+            if d is not None:
+                if d.content:
+                    n += len(d.content)
+                if d.reasoning_content:
+                    n += len(d.reasoning_content)
+                if d.reasoning:
+                    n += len(d.reasoning)
+        return n
+
 
 chunk_decoder = msgspec.json.Decoder(Chunk)

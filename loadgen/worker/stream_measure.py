@@ -5,19 +5,24 @@ SDK) hands them here with the arrival time it took before doing anything
 else. Metric definitions are the README's ("What is measured"):
 
 * TTFT: request sent → first chunk that carries text (a role-only chunk does not count);
-* ITL: per token; a chunk that carried k tokens (k from continuous usage) is k gaps of gap/k;
+* ITL: per token; a chunk that carried k tokens is k gaps of gap/k (k from continuous usage,
+  else the final usage spread over the chunks by text length, see StreamMeasure);
 * ICL: the raw gap between text-bearing chunks;
 * TPOT: (last token − first token) / (output tokens − 1), per request;
 * E2E: request sent → last text-bearing chunk.
 
 In open loop the same request is also measured from its *intended* send time
 (coordinated-omission corrected, as wrk2 does): `ttft_co`, `e2e_co`, and the
-lag between intended and actual send is `lag`.
+lag between intended and actual send is `lag`; goodput (the SLO) is judged on
+those.
 """
 
 from __future__ import annotations
 
+from array import array
+
 import msgspec
+import numpy as np
 
 from loadgen.model.slo import Slo
 from loadgen.worker.interval import IntervalRecorder
@@ -27,18 +32,43 @@ US = 1e6
 
 
 class StreamMeasure:
-    """One request's stream. `feed` returns False once the stream is judged broken."""
+    """One request's stream. `feed` returns False once the stream is judged broken.
+
+    Output tokens are counted as they arrive (the per-chunk usage delta where the server
+    sends continuous usage, else one a text chunk, on the recorder's `usage_tokens` /
+    `chunk_tokens`, which its take() turns into `output_tokens`), so a tick counts what
+    arrived in it whatever becomes of the request; the final usage corrects the count.
+
+    The stream has continuous usage iff its first text chunk carries
+    `usage.completion_tokens`; then ITL is recorded live, k gaps of gap/k. Without it a
+    chunk may still carry several tokens (and a usage that shows up on a later chunk is the
+    final count, not that chunk's share), so the chunk gaps and text lengths are buffered
+    and ITL is recorded when the stream ends, the final count spread by text length.
+
+    `end()` records what was measured, however the stream ended (idempotent): the buffered
+    ITL and the correction by the usage, if any came. `finish()` calls it; the client must
+    call it on every other ending (error, timeout, cancel); the measure calls it itself
+    when it judges the stream broken or abandons it.
+
+    `seen` is the perf_counter time of the last bytes or chunk received (t0 before any):
+    the client counts a stream whose `seen` is older than STALL_AFTER_S as stalled.
+    """
 
     __slots__ = (
         "cancel_after_tokens",
         "chunks",
+        "continuous",
         "done",
+        "ended",
         "first",
+        "gaps",
         "k_total",
         "last",
+        "lens",
         "parser",
         "prompt_words",
         "rec",
+        "seen",
         "sent_ns",
         "slo",
         "t0",
@@ -62,6 +92,7 @@ class StreamMeasure:
         self.rec = rec
         self.cancel_after_tokens = cancel_after_tokens  # a user who stops reading
         self.t0 = t0
+        self.seen = t0
         self.t_intended = t_intended
         self.prompt_words = prompt_words
         self.slo = slo
@@ -69,19 +100,25 @@ class StreamMeasure:
         self.t0_wall_ns = t0_wall_ns
         self.parser = SseParser()
         self.first = self.last = 0.0
-        self.k_total = 0  # tokens so far (continuous usage, else one per text chunk)
+        self.k_total = 0  # tokens counted so far (continuous usage, else one per text chunk)
         self.chunks = 0
+        self.continuous = False  # decided by the first text chunk
+        # without continuous usage: the gaps after the first text chunk (µs) and the text
+        # length of every text chunk, the first's included
+        self.gaps = array("d")
+        self.lens = array("d")
         self.usage_out: int | None = None
         self.usage_in: int | None = None
         self.done = False
+        self.ended = False
         self.sent_ns: int | None = None
 
     def feed(self, data: bytes, now: float) -> bool:
+        self.seen = now
         try:
             payloads = self.parser.feed(data)
         except ValueError as e:
-            self.rec.error("malformed_chunk", str(e))
-            return False
+            return self._broken("malformed_chunk", str(e))
         for payload in payloads:
             if payload == DONE:
                 self.done = True
@@ -89,60 +126,130 @@ class StreamMeasure:
             try:
                 chunk = chunk_decoder.decode(payload)
             except msgspec.DecodeError as e:
-                self.rec.error("malformed_chunk", f"bad chunk ({e}): {payload[:80]!r}")
-                return False
+                return self._broken("malformed_chunk", f"bad chunk ({e}): {payload[:80]!r}")
             if chunk.error is not None:
-                self.rec.error("stream_broken", f"server error in stream: {chunk.error.message}")
-                return False
-            if not self.chunk(chunk, now):
+                return self._broken("stream_broken",
+                                    f"server error in stream: {chunk.error.message}")
+            if not self._chunk(chunk, now):
                 return False
         return True
 
+    def _broken(self, kind: str, message: str) -> bool:
+        self.rec.error(kind, message)
+        self.end()
+        return False
+
     def chunk(self, chunk, now: float) -> bool:
         """Measure one decoded chunk; False when the client abandons the stream here."""
+        self.seen = now
+        return self._chunk(chunk, now)
+
+    def _chunk(self, chunk, now: float) -> bool:
+        # the text's length is wanted only while tokens are counted one a chunk
+        size = chunk.has_text() if self.continuous else chunk.text_len()
         k = 1
         usage = chunk.usage
         if usage is not None:
-            if usage.completion_tokens is not None:
-                # continuous usage: this chunk carried the difference
-                k = usage.completion_tokens - (self.usage_out or 0)
-                self.usage_out = usage.completion_tokens
             if usage.prompt_tokens is not None:
                 self.usage_in = usage.prompt_tokens
-        if not chunk.has_text():
+            out = usage.completion_tokens
+            if out is not None:
+                if size and (self.continuous or not self.chunks):
+                    # continuous usage: this chunk carried the difference
+                    k = out - (self.usage_out or 0)
+                    if k < 1:
+                        k = 1
+                # else the final count (on a later chunk only): the end corrects by it
+                self.usage_out = out
+        if not size:
             return True
         rec = self.rec
-        self.chunks += 1
-        if k < 1:
-            k = 1
-        if self.k_total == 0:
-            self.first = now
-            ttft = (now - self.t0) * US
-            rec.ttft.append(ttft)
-            if self.t_intended is not None:
-                rec.ttft_co.append((now - self.t_intended) * US)
-            sent = chunk.tokentop_sent_ns
-            if self.t0_wall_ns is not None and sent is not None:
-                # truth: the server wrote it (sent − t0) after we sent; the rest is our error
-                rec.ttft_err.append(abs(ttft - (sent - self.t0_wall_ns) / 1e3))
-        else:
+        if self.chunks:
             gap = (now - self.last) * US
             rec.icl.append(gap)
-            rec.itl_v.append(gap / k)
-            rec.itl_w.append(k)
+            if self.continuous:
+                rec.itl_v.append(gap / k)
+                rec.itl_w.append(k)
+                rec.usage_tokens += k
+            else:  # how many tokens it carried is known at the end only
+                self.gaps.append(gap)
+                self.lens.append(size)
+                rec.chunk_tokens += 1
             if chunk.tokentop_sent_ns is not None and self.sent_ns is not None:
                 true_gap = (chunk.tokentop_sent_ns - self.sent_ns) / 1e3
                 rec.itl_err.append(abs(gap - true_gap))
+        else:
+            self._first(chunk, now, size, k)
+        self.chunks += 1
         self.sent_ns = chunk.tokentop_sent_ns
         self.k_total += k
         self.last = now
         if self.cancel_after_tokens is not None and self.k_total >= self.cancel_after_tokens:
             rec.error("cancelled", f"abandoned by the client after {self.k_total} tokens")
+            self.end()
             return False
         return True
 
+    def _first(self, chunk, now: float, size: int, k: int) -> None:
+        """The first text chunk (k tokens): TTFT, and whether the stream has continuous
+        usage."""
+        rec = self.rec
+        usage = chunk.usage
+        self.continuous = usage is not None and usage.completion_tokens is not None
+        self.first = now
+        ttft = (now - self.t0) * US
+        rec.ttft.append(ttft)
+        if self.t_intended is not None:
+            rec.ttft_co.append((now - self.t_intended) * US)
+        sent = chunk.tokentop_sent_ns
+        if self.t0_wall_ns is not None and sent is not None:
+            # truth: the server wrote it (sent − t0) after we sent; the rest is our error
+            rec.ttft_err.append(abs(ttft - (sent - self.t0_wall_ns) / 1e3))
+        if self.continuous:
+            rec.usage_tokens += k
+        else:
+            self.lens.append(size)
+            rec.chunk_tokens += k
+
+    def end(self) -> None:
+        """The stream is over, however it ended: correct the token count by the usage if
+        one came, and record the buffered ITL. Idempotent."""
+        if self.ended:
+            return
+        self.ended = True
+        n = self.usage_out
+        if n is not None and self.chunks:
+            c = self.rec.counters
+            c.output_tokens += n - self.k_total  # the server's count replaces ours
+            if not self.continuous:
+                c.estimated_output_tokens -= self.k_total
+        if self.gaps:
+            self._buffered_itl(n)
+
+    def _buffered_itl(self, n: int | None) -> None:
+        """ITL of a stream without per-chunk usage, from its final count `n` (None: none
+        came). One token a chunk when that is what the count says, or when there is none."""
+        rec = self.rec
+        gaps = self.gaps
+        chunks = len(self.lens)
+        if n is None or n < 1 or n == chunks:
+            rec.itl_v.extend(gaps)
+            rec.itl_w.extend(_ONE * len(gaps))
+            return
+        lens = np.frombuffer(self.lens, np.float64)
+        share = lens / lens.sum()
+        # More tokens than chunks: every text chunk carried at least one (so no per-token gap
+        # exceeds its chunk's gap) and the tokens beyond one a chunk go by text length.
+        # Fewer (a token split over chunks): the count itself goes by text length.
+        k = 1.0 + (n - chunks) * share if n > chunks else n * share
+        k = k[1:]  # the first chunk's share is the TTFT chunk's, not a gap
+        rec.itl_v.frombytes((np.frombuffer(gaps, np.float64) / k).tobytes())
+        rec.itl_w.frombytes(k.tobytes())
+        rec.counters.estimated_itl_tokens += round(float(k.sum()))
+
     def finish(self) -> None:
         """The body ended cleanly: count the request as ok, or say what was wrong."""
+        self.end()
         rec = self.rec
         if not self.done:
             rec.error("stream_broken", f"stream ended without [DONE] ({self._tail()})")
@@ -154,20 +261,28 @@ class StreamMeasure:
         c.requests_ok += 1
         c.chunks += self.chunks
         out = self.usage_out if self.usage_out is not None else self.k_total
-        c.output_tokens += out
-        if self.usage_out is None:
-            c.estimated_output_tokens += out
-        # without usage the prompt's word count stands in (synthetic prompts are ~1 token a word)
-        c.input_tokens += self.usage_in if self.usage_in is not None else self.prompt_words
+        c.completed_output_tokens += out
+        if self.usage_in is not None:
+            c.input_tokens += self.usage_in
+            c.input_tokens_asked += self.prompt_words
+        else:
+            # without usage the prompt's word count stands in (synthetic prompts are ~1
+            # token a word)
+            c.input_tokens += self.prompt_words
+            c.estimated_input_tokens += self.prompt_words
         e2e = (self.last - self.t0) * US
         rec.e2e.append(e2e)
+        ttft = (self.first - self.t0) * US
         if self.t_intended is not None:
-            rec.e2e_co.append((self.last - self.t_intended) * US)
+            # open loop: the user waited from the intended send time (coordinated omission)
+            e2e = (self.last - self.t_intended) * US
+            rec.e2e_co.append(e2e)
+            ttft = (self.first - self.t_intended) * US
         tpot = None
         if out > 1:
             tpot = (self.last - self.first) * US / (out - 1)
             rec.tpot.append(tpot)
-        if self.slo is not None and self.slo.met((self.first - self.t0) * US, tpot, e2e):
+        if self.slo is not None and self.slo.met(ttft, tpot, e2e):
             c.requests_good += 1
 
     def _tail(self) -> str:
@@ -177,3 +292,6 @@ class StreamMeasure:
     @property
     def started(self) -> bool:
         return self.k_total > 0
+
+
+_ONE = array("d", [1.0])

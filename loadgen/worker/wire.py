@@ -28,6 +28,16 @@ class LoadSpec(msgspec.Struct, kw_only=True):
     arrival: str = "poisson"  # constant | poisson | gamma
     shape: float = 1.0  # gamma shape (burstiness: < 1 burstier than Poisson)
     max_in_flight: int | None = None  # open loop: cap on in-flight requests; the rest wait
+    # Open loop, set by the pool for each worker (loadgen.worker.load explains the split):
+    # the global schedule started at `epoch`, the coordinator's time.perf_counter() (Linux:
+    # CLOCK_MONOTONIC, one clock for every process on the host), and this worker sends its
+    # arrivals number share, share + of, share + 2·of …
+    epoch: float = 0.0
+    share: int = 0
+    of: int = 1
+    # --requests: this worker's part of the run's limit for the load's current placement
+    # (a count of everything it has sent; the pool sets it); None: Configure.max_requests
+    max_requests: int | None = None
 
 
 class Cancelling(msgspec.Struct, kw_only=True, frozen=True):
@@ -58,6 +68,9 @@ class SetLoad(msgspec.Struct, tag="set_load"):
 
 class Pause(msgspec.Struct, tag="pause"):
     paused: bool
+    # the coordinator's perf_counter() at the pause or resume, the same for every worker: a
+    # backlog kept across the pause moves later by exactly its length (0: the worker's now)
+    at: float = 0.0
 
 
 class Flush(msgspec.Struct, tag="flush"):

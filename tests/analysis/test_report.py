@@ -43,7 +43,8 @@ def snap(i: int) -> Snapshot:
         counters=Counters(requests_ok=5 * min(i + 1, 20) + 5 * max(0, i - 24),
                           requests_failed=3 * max(0, min(i, 25) - 19),
                           errors={"connect": 3 * max(0, min(i, 25) - 19)},
-                          output_tokens=50 * (i + 1)),
+                          # no token arrives while it is down: an outage by the definition
+                          output_tokens=50 * (min(i + 1, 20) + max(0, i - 24))),
         hist={} if down else {"ttft": h, "itl": h},
         server=ServerMetrics(url="m", ok=not down, waiting=2.0, running=4.0,
                              error="refused" if down else None),

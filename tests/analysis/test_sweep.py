@@ -80,3 +80,32 @@ def test_the_command_builds_the_plan_and_refuses_bad_steps_in_one_line():
     proc = tokentop("sweep", "--steps", "4,2", timeout=30)
     assert proc.returncode == 2
     assert proc.stderr == "tokentop sweep: --steps must be increasing numbers above 0\n"
+
+
+async def test_throughput_counts_tokens_not_chunks(tmp_path):
+    """Four tokens a chunk and no per-chunk usage: a step's tok/s is the model's token rate
+    (one token per running sequence per decode step), not a quarter of it."""
+    sim = await start_sim(SimConfig(slots=SLOTS, tokens_per_chunk=4), host="127.0.0.1", port=0)
+    try:
+        streams, tokens = 4, 64
+        cfg = RunConfig(url=sim.url, output_tokens=str(tokens), input_tokens="8", workers=1,
+                        tick=0.25, drain_grace=2.0)
+        plan = SweepPlan(steps=[streams], step_seconds=3.0, step_warmup=1.0)
+        (step,) = await run_sweep(cfg, plan, echo=lambda _: None, record=False)
+        m = sim.model.cfg
+        step_s = (m.step_overhead_ms + m.decode_ms_per_seq * streams) / 1000
+        assert step.output_tok_s == pytest.approx(streams / step_s, rel=0.15)
+    finally:
+        await sim.close()
+
+
+async def test_open_loop_sweep_stops_where_the_server_queue_grows(slotted_sim):
+    """Open loop without a cap never has a client backlog: saturation is read from the
+    server's own waiting count."""
+    cfg = RunConfig(url=slotted_sim.url, mode="open", output_tokens=str(TOKENS),
+                    input_tokens="32", workers=1, tick=0.25, drain_grace=1.0)
+    plan = SweepPlan(steps=[5, 300, 600], step_seconds=2.5, step_warmup=0.5)
+    steps = await run_sweep(cfg, plan, echo=lambda _: None, record=False)
+    assert [s.load for s in steps] == [5, 300]
+    assert not steps[0].saturated and steps[1].saturated
+    assert steps[1].queue_depth is not None and steps[1].queue_depth > 20

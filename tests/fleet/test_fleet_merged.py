@@ -13,7 +13,7 @@ from loadgen.fleet.link import parse_broker_url
 from loadgen.fleet.merged import FleetMergedSource
 from loadgen.fleet.monitor import FleetMonitor
 from loadgen.model import hdr
-from loadgen.model.snapshot import Control
+from loadgen.model.snapshot import Control, Counters
 from loadgen.model.source import SourceError
 
 
@@ -42,14 +42,19 @@ async def test_merged_snapshots_add_histograms_and_keep_totals_across_a_restart(
     assert merged.counters.requests_ok == 20
     assert merged.load.target_concurrency == 128
     assert [g.name.split("/")[0] for g in merged.gpu.gpus] == ["a", "b"]
-    # agent b restarts: its new run counts on top of what its first run added
-    monitor.take_snapshot("b", snap("rb2", 0, [10_000.0], later=60.0))
+    # agent b restarts: its new run counts on top of what its first run added, from its
+    # first tick on, in the counters as in the histograms (one request, one TTFT)
+    first = msgspec.structs.replace(snap("rb2", 0, [10_000.0], later=60.0),
+                                    counters=Counters(requests_ok=1))
+    monitor.take_snapshot("b", first)
     later = src.merge()
-    assert later.counters.requests_ok == 20 + 0  # rb2's first tick is its base
+    assert later.counters.requests_ok == 20 + 1
+    assert int(hdr.decode(later.hist["ttft"]).sum()) == 1
     monitor.take_snapshot("b", snap("rb2", 1, [10_000.0], later=60.0))
     monitor.take_snapshot("a", snap("ra", 2, [1000.0]))
     last = src.merge()
-    assert last.counters.requests_ok == 20 + 10 + 10
+    # a: 10 more; rb: the 10 it added before it restarted; rb2: all of its own 20
+    assert last.counters.requests_ok == (10 + 10) + 10 + 20
     assert last.seq > later.seq > merged.seq
     with pytest.raises(SourceError, match="read-only"):
         await src.control(Control(op="add_concurrency", value=1))

@@ -252,7 +252,12 @@ async def test_kill_9_mid_run_then_resume(sim, tmp_path):
     result = analyze(after)
     assert len(result["gaps"]) == 1 and result["gaps"][0]["resumed_seq"] == resume.seq
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["requests"]["ok"] == after[-1].counters.requests_ok
+    drained = (summary["drain"] or {}).get("requests_ok", 0)
+    assert summary["requests"]["ok"] + drained == after[-1].counters.requests_ok
+    # the latencies cover the whole run too, the part before the kill included: one E2E
+    # sample per completed request, as the recorded histograms hold them
+    recorded = sum(int(hdr.decode(s.hist["e2e"]).sum()) for s in after if "e2e" in s.hist)
+    assert summary["latency_ms"]["e2e"]["count"] == recorded == after[-1].counters.requests_ok
 
 
 def test_resume_reads_a_run_recorded_when_sim_args_were_flags(tmp_path):

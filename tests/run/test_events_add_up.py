@@ -36,7 +36,10 @@ async def test_error_events_add_up_to_the_summarys_counts(tmp_path):
         done = await cli("run", "--headless", "--url", sim.url, *SMALL, "--duration", "3",
                          "--out", str(run), "--json", str(summary))
     assert done.returncode == 0, done.stderr
-    counted = json.loads(summary.read_text())["requests"]["errors"]
+    result = json.loads(summary.read_text())
+    counted = dict(result["requests"]["errors"])
+    for kind, n in ((result["drain"] or {}).get("errors") or {}).items():  # the drain's too
+        counted[kind] = counted.get(kind, 0) + n
     assert counted.get("http_5xx", 0) > 5 and counted.get("http_429", 0) > 3
     told: dict[str, int] = {}
     for e in events(run):

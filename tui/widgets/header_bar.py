@@ -25,6 +25,16 @@ def state_badge(state: str) -> str:
     return f"[{style}]● {literal(state)}[/]"
 
 
+def trouble(snap: Snapshot) -> str:
+    """What loadgen.model.outage judges short of an outage: errors among successes, and
+    streams that receive nothing (a frozen server)."""
+    load = snap.load
+    out = "  [b $warning]degraded[/]" if load.health == "degraded" else ""
+    if load.stalled:
+        out += f"  [b $warning]{load.stalled} of {load.in_flight} stalled[/]"
+    return out
+
+
 def load_mode(snap: Snapshot) -> str:
     load = snap.load
     if load.mode == "open":
@@ -51,6 +61,7 @@ def header_markup(
         run_state = state or ("outage" if outage else snap.load.state)
         sim = "  [b $accent]simulated[/]" if snap.target.simulated else ""
         warm = "  [b $warning]warm-up[/]" if snap.load.warmup else ""
+        warm += trouble(snap) if not ended else ""
         engine = snap.server.engine if snap.server is not None and snap.server.engine else None
         eng = f"  [{MUTED}]engine[/] {literal(engine)}" if engine else ""
         # a replay or a fleet agent says so first: nobody should take it for a live run here

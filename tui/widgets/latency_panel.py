@@ -71,6 +71,10 @@ def table(
         if wide:
             count = summary.get("count", 0) if summary else 0
             line += f"[{MUTED}]{count:>{COL_W},}[/]"
+        if metric == "itl" and stats is not None and stats.itl_estimated:
+            # several tokens a chunk and no per-chunk usage: each request's count was spread
+            # over its chunks by text length
+            line += " [$warning]est.[/]"
         lines.append(line)
     return lines
 
@@ -116,6 +120,7 @@ class LatencyPanel(Panel):
         return title, "\n".join(lines)
 
     def show_extra(self, view: View, width: int) -> None:
-        chart = self.query_one(Chart)
-        if chart.display:
+        # a redraw may come before the panel's children are mounted (a screen coming up)
+        chart = next(iter(self.query(Chart)), None)
+        if chart is not None and chart.display:
             chart.show(view.history, width)

@@ -42,17 +42,22 @@ class Body(Vertical):
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self._lines: list[str] = []
+        # held here, not queried: a mount is applied later, so a query right after it (or
+        # while the screen comes up or goes away) may not see the new lines yet
+        self._widgets: list[Line] = []
 
     def set_markup(self, markup: str) -> None:
         lines = markup.split("\n")
         if lines == self._lines:
             return
-        widgets = list(self.query_children(Line))
-        if len(widgets) < len(lines):
-            self.mount(*(Line("") for _ in range(len(lines) - len(widgets))))
-            widgets = list(self.query_children(Line))
-        for extra in widgets[len(lines):]:
+        if len(self._widgets) < len(lines):
+            more = [Line("") for _ in range(len(lines) - len(self._widgets))]
+            self._widgets += more
+            self.mount(*more)
+        for extra in self._widgets[len(lines):]:
             extra.remove()
+        del self._widgets[len(lines):]
+        widgets = self._widgets
         old = self._lines
         for i, line in enumerate(lines):
             if i >= len(old) or old[i] != line:

@@ -50,6 +50,18 @@ def rate_rows(stats: Mapping[str, WindowStats], windows: list[str], goodput: boo
     return rows
 
 
+def prompt_row(run: WindowStats | None) -> list[str]:
+    """Prompt tokens a request as the server counted them, beside the asked length (a chat
+    template adds tokens the asked length does not have); only when the server counts."""
+    if run is None or run.input_per_request is None or run.input_asked_per_request is None:
+        return []
+    server, asked = run.input_per_request, run.input_asked_per_request
+    text = f"{server:,.0f}/req · asked {asked:,.0f}"
+    if run.input_differs:
+        text = f"[$warning]{text} ({(server - asked) / asked:+.0%})[/]"
+    return [f"[{MUTED}]{'prompt'.ljust(LABEL_W)}[/]{text}"]
+
+
 def total_rows(c: Counters, compact: bool) -> list[str]:
     """Run totals; compact (narrow) is one line, failures being in the Load panel already."""
     failed = f"[$error]{fmt_count(c.requests_failed)}[/]" if c.requests_failed else "0"
@@ -77,10 +89,14 @@ class ThroughputPanel(Panel):
         windows = ["10s", "1m", "run"] if wide else ["10s", "run"]
         goodput = view.slos is not None and view.slos.per_request is not None
         lines = rate_rows(view.stats, windows, goodput)
-        lines += total_rows(view.snap.counters, not (wide and self._tall()))
+        compact = not (wide and self._tall())
+        lines += total_rows(view.snap.counters, compact)
+        if not compact:
+            lines += prompt_row(view.stats.get("run"))
         return self.TITLE, "\n".join(lines)
 
     def show_extra(self, view: View, width: int) -> None:
-        chart = self.query_one(Chart)
-        if chart.display:
+        # a redraw may come before the panel's children are mounted (a screen coming up)
+        chart = next(iter(self.query(Chart)), None)
+        if chart is not None and chart.display:
             chart.show(view.history, width)

@@ -1,0 +1,42 @@
+"""The whole-run summary covers the load: duration and rates end where the drain begins,
+and the requests that finish in the drain are said apart (and kept in the latencies)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from loadgen.sim import SimConfig, start_sim
+from tests.support import tokentop
+
+ITL_MS = 20.0
+TOKENS = 60  # a request lasts ~1.2 s: the drain after a 2 s run is about that long
+
+
+async def test_duration_and_rates_leave_the_drain_out(tmp_path):
+    sim = await start_sim(SimConfig(exact_ttft_ms=50.0, exact_itl_ms=ITL_MS),
+                          host="127.0.0.1", port=0)
+    try:
+        out = tmp_path / "summary.json"
+        done = await asyncio.to_thread(
+            tokentop, "run", "--headless", f"--url={sim.url}", "--concurrency=4",
+            "--workers=1", "--tick=0.25", "--duration=2", "--drain-grace=5",
+            f"--output-tokens={TOKENS}", "--input-tokens=8", "--json", str(out),
+            "--no-record")
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(out.read_text())
+    finally:
+        await sim.close()
+    # the truth: --duration 2 s of load, ticks of 0.25 s
+    assert 1.9 <= summary["duration_s"] <= 2.3
+    drain = summary["drain"]
+    assert drain is not None and drain["requests_ok"] >= 1 and drain["seconds"] > 0.3
+    # every request the server finished is in the latencies: the load's and the drain's
+    e2e = summary["latency_ms"]["e2e"]["count"]
+    assert e2e == summary["requests"]["ok"] + drain["requests_ok"]
+    # the rate is the load's own: requests over the load time, not over load + drain
+    rate = summary["throughput"]["req_s"]
+    assert rate * summary["duration_s"] == pytest.approx(summary["requests"]["ok"], abs=0.01)
+    assert "drain: " in done.stderr.splitlines()[-1]
