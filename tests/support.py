@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.sim import RunningSim, SimConfig, start_sim
@@ -87,3 +90,56 @@ def fsize_limit(limit: int):
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     return apply
+
+
+def start_sim_process(*flags: str) -> tuple[subprocess.Popen[str], int]:
+    """`tokentop sim` as its own process on 127.0.0.1 (it exits when its stdin closes): the
+    process and its port. For tests that must stop it (SIGSTOP) or see it from outside."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tui.cli", "sim", "--host", "127.0.0.1", "--port", "0",
+         "--announce", "--exit-with-parent", *flags],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("TOKENTOP_SIM_LISTENING"):
+            return proc, int(line.split()[1])
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError("the simulator did not announce its port")
+
+
+async def server_arrivals(sim: RunningSim) -> np.ndarray:
+    """When each completion request arrived at the simulator (its loop clock), sorted."""
+    async with aiohttp.ClientSession() as http, http.get(f"{root(sim)}/sim/arrivals") as r:
+        assert r.status == 200
+        return np.array(sorted(await r.json()))
+
+
+def rate_between(arrivals: np.ndarray, a: float, b: float) -> float:
+    return int(((arrivals >= a) & (arrivals < b)).sum()) / (b - a)
+
+
+def chat_body(max_tokens: int = 4, *, model: str = "tokentop-sim") -> bytes:
+    """A streamed chat request body as the workload sends it (usage on every chunk)."""
+    return json.dumps({
+        "model": model, "messages": [{"role": "user", "content": "hi there"}],
+        "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }).encode()  # fmt: skip
+
+
+def worker_connections(coord, port: int) -> list[int]:
+    """Per load worker process of a Coordinator, its established TCP connections to the
+    server on `port` (the kernel's count: which worker carries which streams)."""
+    import psutil
+
+    out = []
+    for w in coord.pool.workers:
+        conns = psutil.Process(w.proc.pid).net_connections(kind="tcp")
+        out.append(sum(1 for c in conns if c.raddr and c.raddr.port == port
+                       and c.status == psutil.CONN_ESTABLISHED))
+    return out

@@ -113,13 +113,19 @@ def _pct(x: float | None) -> str:
 
 
 def summary_lines(r: dict) -> list[str]:
-    req = r["requests"]
+    # after warm-up, as the success rate and the thresholds are (older analyses: the whole run)
+    req = r.get("measured_requests") or r["requests"]
     lines = [
         f"run {r['run_id']}  {r['status']}  target {(r['target'] or {}).get('url', '?')}",
         f"  wall {_fmt_s(r['wall_s'])}, load {_fmt_s(r['elapsed_s'])}, {r['ticks']} ticks; "
-        f"{req['ok']} ok, {req['failed']} failed; success {_pct(r['success_rate'])}"
-        f" (during outages {_pct(r['success_rate_during_outages'])})",
+        f"{req['ok']} ok, {req['failed']} failed after warm-up; success "
+        f"{_pct(r['success_rate'])} (during outages {_pct(r['success_rate_during_outages'])})",
     ]
+    if r.get("availability") is not None:
+        stalls = (r.get("stalls") or {}).get("count", 0)
+        lines.append(f"  availability {_pct(r['availability'])} (time outside outages)"
+                     + (f"; {stalls} stall(s): streams received nothing for a while"
+                        if stalls else ""))
     if (r.get("manifest") or {}).get("recording_stopped"):
         lines.insert(1, f"  recording stopped early: {r['manifest']['recording_stopped']}")
     lat = r["latency_ms"]
@@ -218,8 +224,9 @@ def markdown(r: dict, plots: list[str]) -> str:
                        f"{_fmt_s(o['duration_s'])} | {o['failed']} | {why} |")
         mt = r["mttr_s"]
         out += ["", f"MTTR: client {_fmt_s(mt['client'])}, server {_fmt_s(mt['server'])}, "
-                f"any {_fmt_s(mt['any'])}. Success rate {_pct(r['success_rate'])} overall, "
-                f"{_pct(r['success_rate_during_outages'])} during outages.", ""]
+                f"any {_fmt_s(mt['any'])}. Success rate {_pct(r['success_rate'])} after "
+                f"warm-up, {_pct(r['success_rate_during_outages'])} during outages; "
+                f"availability {_pct(r.get('availability'))}.", ""]
     else:
         out += ["None seen.", ""]
     if r.get("server_metrics_never_answered"):

@@ -22,14 +22,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import psutil
 
@@ -39,6 +43,7 @@ from loadgen.model.windows import SnapshotWindows
 from loadgen.record.recorder import Recording
 from loadgen.run.config import RunConfig
 from loadgen.run.coordinator import Coordinator
+from loadgen.run.watch import Watch
 
 NOMINAL_TICK = 0.5  # the default tick: 2 Snapshots a second
 
@@ -50,9 +55,53 @@ def free_port() -> int:
 
 
 def slope_mb_h(samples: list[tuple[float, float]]) -> float:
+    if len(samples) < 2:
+        return float("nan")
     t = np.array([s[0] for s in samples]) / 3600.0
     y = np.array([s[1] for s in samples]) / 1e6
     return float(np.polyfit(t, y, 1)[0])
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None:
+            libc.mallinfo2.restype = _Mallinfo2
+        return libc
+    except (OSError, AttributeError):  # not glibc, or a glibc before 2.33
+        return None
+
+
+LIBC = _libc()
+
+
+def malloc_text() -> str:
+    """glibc's own view of its heap: what the heap holds (arena), how much of that is in
+    use, how much is free but kept (fragmentation holds it), and what is mmapped apart."""
+    if LIBC is None:
+        return "malloc stats unavailable (not glibc ≥ 2.33)"
+    m = LIBC.mallinfo2()
+    return (f"heap {m.arena / 1e6:.1f} MB ({m.uordblks / 1e6:.1f} in use, "
+            f"{m.fordblks / 1e6:.1f} free in {m.ordblks} chunks), mmapped {m.hblkhd / 1e6:.1f} "
+            f"MB in {m.hblks}")
+
+
+def print_growth(first: tracemalloc.Snapshot, last: tracemalloc.Snapshot, top: int) -> None:
+    """The allocation sites that grew most between two points after the warm-up."""
+    diff = last.compare_to(first, "traceback")
+    diff.sort(key=lambda d: d.size_diff, reverse=True)
+    print(f"tracemalloc: the {top} sites that grew most after the warm-up "
+          f"(net {sum(d.size_diff for d in diff) / 1e3:+.1f} kB):")
+    for d in diff[:top]:
+        frames = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in d.traceback)
+        print(f"  {d.size_diff / 1e3:+9.1f} kB  {d.count_diff:+6d} blocks  {frames}")
 
 
 async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
@@ -60,15 +109,23 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
                     output_tokens="16", input_tokens="32", duration=args.seconds,
                     drain_grace=1.0, out=str(out))
     coord = Coordinator(cfg)
-    recording = Recording.open(cfg, run_id=coord.run_id, record=not args.no_record)
+    recording = Recording.open(config=msgspec.to_builtins(cfg), run_id=coord.run_id,
+                               out=str(out), record=not args.no_record)
     await coord.start()
     me = psutil.Process()
     windows = SnapshotWindows()
+    watch = Watch(coord.parsed.slos)  # the session's derived events, as a real run has them
     samples: list[tuple[float, float]] = []
     workers: list[tuple[float, float]] = []
+    traced: list[tuple[float, float]] = []
     t0 = time.monotonic()
     start = time.time()
     compress = NOMINAL_TICK / args.tick
+    # warm-up: the 10-minute window full (in compressed time), and at least a quarter
+    warm_from = max(args.seconds / 4, 660.0 / compress)
+    first_trace: tracemalloc.Snapshot | None = None
+    last_trace: tracemalloc.Snapshot | None = None
+    warm_malloc = ""
     next_sample = t0
     n = 0
     try:
@@ -80,6 +137,7 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
             snap.interval *= compress
             recording.take(snap)
             windows.add(snap)
+            watch.observe(snap, windows)
             for name in ("10s", "1m", "10m", "run"):  # what a redraw asks for
                 windows.stats(name)
             n += 1
@@ -89,16 +147,23 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
                 samples.append((now - t0, me.memory_info().rss))
                 kids = sum(c.memory_info().rss for c in me.children(recursive=True))
                 workers.append((now - t0, kids))
+                if args.tracemalloc:
+                    traced.append((now - t0, tracemalloc.get_traced_memory()[0]))
+                    if first_trace is None and now - t0 >= warm_from:
+                        first_trace = tracemalloc.take_snapshot()
+                if not warm_malloc and now - t0 >= warm_from:
+                    warm_malloc = malloc_text()
                 if len(samples) % 15 == 0:
                     print(f"  {now - t0:6.0f} s  rss {samples[-1][1] / 1e6:7.1f} MB  "
                           f"workers {kids / 1e6:7.1f} MB  snapshots {n}  "
                           f"requests {snap.counters.requests_ok}", flush=True)
+            if first_trace is not None and last_trace is None and snap.load.state != "running":
+                last_trace = tracemalloc.take_snapshot()  # the load's end, before the drain
     finally:
         await coord.close()
         recording.close()
+    end_malloc = malloc_text()
     run = windows.stats("run")
-    # warm-up: the 10-minute window full (in compressed time), and at least a quarter
-    warm_from = max(args.seconds / 4, 660.0 / compress)
     warm = [s for s in samples if s[0] >= warm_from]
     warm_w = [s for s in workers if s[0] >= warm_from]
     print(f"snapshots {n} in {samples[-1][0]:.0f} s (tick {args.tick} s), requests "
@@ -109,7 +174,20 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
     print(f"consumer RSS slope after warm-up ({warm_from:.0f} s): {real:+.2f} MB per real "
           f"hour = {real / compress:+.2f} MB per hour of a {NOMINAL_TICK} s-tick run "
           f"({len(warm)} samples)")
+    half = [s for s in warm if s[0] >= (warm[0][0] + warm[-1][0]) / 2]
+    late = slope_mb_h(half)
+    print(f"consumer RSS slope over the last half ({half[0][0]:.0f} s on): {late:+.2f} MB per "
+          f"real hour = {late / compress:+.2f} MB per hour of a {NOMINAL_TICK} s-tick run")
     print(f"load workers RSS slope after warm-up: {slope_mb_h(warm_w):+.2f} MB/hour")
+    print(f"malloc after warm-up: {warm_malloc}")
+    print(f"malloc at the end:    {end_malloc}")
+    if args.tracemalloc:
+        warm_t = [s for s in traced if s[0] >= warm_from]
+        print(f"tracemalloc: traced {warm_t[0][1] / 1e6:.1f} → {warm_t[-1][1] / 1e6:.1f} MB, "
+              f"slope {slope_mb_h(warm_t) / compress:+.2f} MB per hour of a {NOMINAL_TICK} "
+              "s-tick run (Python-level; RSS rising with this flat is the allocator)")
+        if first_trace is not None and last_trace is not None:
+            print_growth(first_trace, last_trace, args.top)
     if recording.recorder is not None:
         rec = recording.recorder
         per = rec.bytes_written / max(1, n)
@@ -127,7 +205,14 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--no-record", action="store_true")
+    p.add_argument("--tracemalloc", action="store_true",
+                   help="trace Python allocations (slower): the traced total's slope, and the "
+                   "sites that grew most between the warm-up's end and the load's end")
+    p.add_argument("--frames", type=int, default=4, help="traceback depth for --tracemalloc")
+    p.add_argument("--top", type=int, default=15, help="sites printed by --tracemalloc")
     args = p.parse_args()
+    if args.tracemalloc:
+        tracemalloc.start(args.frames)
     if args.minutes:
         args.seconds = args.minutes * 60.0
     port = free_port()

@@ -21,14 +21,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
-from support import ROOT, headless_argv, running_sim
+from support import headless_argv, running_sim, start_sim_process
 
 from loadgen.analysis.soak import analyze
 from loadgen.model.outage import STALL_AFTER_S
@@ -188,25 +187,6 @@ class Lines:
             time.sleep(0.02)
         shown = "\n".join(line for _, line in self.lines[-15:])
         raise AssertionError(f"{what}: not within {seconds:g} s\n--- stderr ---\n{shown}")
-
-
-def start_sim_process(*flags: str) -> tuple[subprocess.Popen[str], int]:
-    """`tokentop sim` as its own process on 127.0.0.1 (it exits with its stdin)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tui.cli", "sim", "--host", "127.0.0.1", "--port", "0",
-         "--announce", "--exit-with-parent", *flags],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("TOKENTOP_SIM_LISTENING"):
-            return proc, int(line.split()[1])
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError("the simulator did not announce its port")
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-import numpy as np
-import psutil
 import pytest
-from support import WAIT_S, root
+from support import WAIT_S, rate_between, server_arrivals, worker_connections
 
 from loadgen.model.slo import SloError, parse_slos
 from loadgen.model.snapshot import Control
@@ -106,17 +104,6 @@ async def server_holds(sim, n: int, samples: int = 10) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"the server never held {n} requests (now {len(sim.model.live())})")
-
-
-async def server_arrivals(sim) -> np.ndarray:
-    """When each completion request arrived at the simulator (its loop.time())."""
-    async with aiohttp.ClientSession() as http, http.get(f"{root(sim)}/sim/arrivals") as r:
-        assert r.status == 200
-        return np.array(sorted(await r.json()))
-
-
-def rate_between(arrivals: np.ndarray, a: float, b: float) -> float:
-    return int(((arrivals >= a) & (arrivals < b)).sum()) / (b - a)
 
 
 async def test_open_loop_latency_from_intended_time_includes_the_backlog(sim):
@@ -219,22 +206,12 @@ async def test_worker_processes_share_the_load(sim):
         snap = await run_until(coord, lambda s: s.load.in_flight == 5)
         assert snap.client.workers == 2
         await server_holds(sim, 5)
-        assert connections_per_worker(coord, sim.port) == [3, 2]
+        assert worker_connections(coord, sim.port) == [3, 2]
     finally:
         await finish(coord)
 
 
-def connections_per_worker(coord: Coordinator, port: int) -> list[int]:
-    out = []
-    for w in coord.pool.workers:
-        conns = psutil.Process(w.proc.pid).net_connections(kind="tcp")
-        out.append(sum(1 for c in conns if c.raddr and c.raddr.port == port
-                       and c.status == psutil.CONN_ESTABLISHED))
-    return out
-
-
 async def test_an_outage_and_its_recovery_are_seen(sim):
-    import aiohttp
 
     coord = await started(RunConfig(url=sim.url, concurrency=4, output_tokens="20",
                                     workers=1, tick=0.25, drain_grace=0.5))
@@ -267,7 +244,6 @@ async def test_an_injected_stall_shows_in_the_intended_time_view_only(sim):
     """wrk2's point: while the server stalls, a client with a cap cannot send what is due.
     Measured from the actual send, the requests sent after the stall look fast; measured
     from when they were due (coordinated omission corrected), they carry the stall."""
-    import aiohttp
 
     from loadgen.model import hdr
 

@@ -11,36 +11,21 @@ from __future__ import annotations
 import asyncio
 import json
 
-import aiohttp
 import numpy as np
-import psutil
 import pytest
-from support import WAIT_S, headless_argv, root, running_sim
+from support import (
+    WAIT_S,
+    headless_argv,
+    rate_between,
+    running_sim,
+    server_arrivals,
+    worker_connections,
+)
 
 from loadgen.model.snapshot import Control, Snapshot
 from loadgen.model.windows import SnapshotWindows
 from loadgen.run.config import RunConfig
 from loadgen.run.coordinator import Coordinator
-
-
-async def server_arrivals(sim) -> np.ndarray:
-    async with aiohttp.ClientSession() as http, http.get(f"{root(sim)}/sim/arrivals") as r:
-        assert r.status == 200
-        return np.array(sorted(await r.json()))
-
-
-def rate_between(arrivals: np.ndarray, a: float, b: float) -> float:
-    return int(((arrivals >= a) & (arrivals < b)).sum()) / (b - a)
-
-
-def worker_connections(coord: Coordinator, port: int) -> list[int]:
-    """Per worker process, its TCP connections to the server (the kernel's count)."""
-    out = []
-    for w in coord.pool.workers:
-        conns = psutil.Process(w.proc.pid).net_connections(kind="tcp")
-        out.append(sum(1 for c in conns if c.raddr and c.raddr.port == port
-                       and c.status == psutil.CONN_ESTABLISHED))
-    return out
 
 
 class Run:

@@ -7,9 +7,9 @@ import asyncio
 import json
 
 import pytest
+from support import FAST, scrape, tokentop
 
 from loadgen.sim import SimConfig, start_sim
-from tests.support import FAST, scrape, tokentop
 
 ASKED = 128
 

@@ -7,9 +7,9 @@ import asyncio
 import json
 
 import pytest
+from support import tokentop
 
 from loadgen.sim import SimConfig, start_sim
-from tests.support import tokentop
 
 ITL_MS = 20.0
 TOKENS = 60  # a request lasts ~1.2 s: the drain after a 2 s run is about that long

@@ -20,28 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
-from support import ROOT
+from support import ROOT, start_sim_process
 
 ENGINE_MARKERS = ("loadgen.run.run_process", "loadgen.worker.main", "loadgen.sim", "tui.cli")
-
-
-def start_sim(extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tui.cli", "sim", "--port", "0", "--announce", "--exit-with-parent",
-         *extra],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("TOKENTOP_SIM_LISTENING"):
-            return proc, int(line.split()[1])
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError("the simulator did not announce its port")
 
 
 class Tmux:
@@ -108,7 +89,7 @@ def post_outage(port: int, seconds: float) -> None:
 
 
 def test_outage_and_recovery_on_screen_then_terminal_loss_stops_everything(tmp_path: Path):
-    sim, port = start_sim()
+    sim, port = start_sim_process()
     tmux = Tmux("outage")
     env = (f"env XDG_CONFIG_HOME={tmp_path} XDG_DATA_HOME={tmp_path} TERM=xterm-256color "
            f"TOKENTOP_TEST=1")

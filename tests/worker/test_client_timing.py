@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import ssl
 import subprocess
 from collections.abc import AsyncIterator
@@ -21,20 +20,10 @@ from time import perf_counter
 import aiohttp
 import pytest
 from aiohttp import web
-from support import running_sim
+from support import chat_body, running_sim
 
 from loadgen.worker.client import StreamingClient
 from loadgen.worker.interval import IntervalRecorder
-
-MODEL = "tokentop-sim"
-
-
-def body(max_tokens: int = 4) -> bytes:
-    return json.dumps({
-        "model": MODEL, "messages": [{"role": "user", "content": "hi there"}],
-        "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    }).encode()  # fmt: skip
 
 
 class Proxy:
@@ -137,7 +126,7 @@ def tls(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
 
 async def sequential(client: StreamingClient, n: int, **kw) -> None:
     for _ in range(n):
-        assert await client.request(body(), 2, **kw) is True
+        assert await client.request(chat_body(), 2, **kw) is True
 
 
 async def test_every_new_connection_records_its_setup_and_reuse_records_nothing() -> None:

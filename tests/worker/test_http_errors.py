@@ -4,26 +4,15 @@ client abandons on purpose (what the load loop is told, and how it is counted)."
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
-from support import running_sim
+from support import chat_body, running_sim
 
 from loadgen.worker.client import StreamingClient
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.openai_client import OpenAIClient
-
-MODEL = "tokentop-sim"
-
-
-def body(max_tokens: int = 4) -> bytes:
-    return json.dumps({
-        "model": MODEL, "messages": [{"role": "user", "content": "hi there"}],
-        "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    }).encode()  # fmt: skip
 
 
 @contextlib.asynccontextmanager
@@ -57,7 +46,7 @@ async def test_a_redirect_is_http_3xx_with_where_it_points(kind: str, status: in
         async with redirecting(status, target) as url:
             rec = IntervalRecorder()
             client = make(kind, url, rec)
-            assert await client.request(body(), 2) is True  # the server was reached
+            assert await client.request(chat_body(), 2) is True  # the server was reached
             client.close()
     c = rec.counters
     assert c.errors == {"http_3xx": 1} and c.requests_failed == 1 and c.requests_ok == 0
@@ -74,7 +63,7 @@ async def test_an_abandoned_stream_is_cancelled_and_the_user_goes_on(kind: str) 
     async with running_sim() as sim:
         rec = IntervalRecorder()
         client = make(kind, sim.url + "/chat/completions", rec)
-        results = [await client.request(body(50), 2, cancel_after_tokens=2) for _ in range(3)]
+        results = [await client.request(chat_body(50), 2, cancel_after_tokens=2) for _ in range(3)]
         client.close()
     assert results == [True, True, True]
     c = rec.counters

@@ -335,6 +335,10 @@ def _add_model_arguments(g: argparse._ArgumentGroup) -> None:
     opt("--exact-ttft-ms", "exact_ttft_ms", float,
         "exact-timing mode: every request's TTFT, ms (with --exact-itl-ms)")
     opt("--exact-itl-ms", "exact_itl_ms", float, "exact-timing mode: every inter-token gap, ms")
+    opt("--exact-chunk-tokens-max", "exact_chunk_tokens_max", int,
+        "exact-timing mode: 1..N tokens a chunk, drawn per chunk (seeded)")
+    opt("--chat-template-tokens", "chat_template_tokens", int,
+        "tokens a chat template adds to every chat prompt's count")
     opt("--metrics-dialect", "metrics_dialect", str, "the /metrics names to speak",
         choices=DIALECTS)
     opt("--gpu-name", "gpu_name", str, "the simulated GPU's name")
