@@ -125,7 +125,7 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
     warm_from = max(args.seconds / 4, 660.0 / compress)
     first_trace: tracemalloc.Snapshot | None = None
     last_trace: tracemalloc.Snapshot | None = None
-    warm_malloc = ""
+    warm_malloc = end_malloc = ""
     next_sample = t0
     n = 0
     try:
@@ -157,12 +157,13 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
                     print(f"  {now - t0:6.0f} s  rss {samples[-1][1] / 1e6:7.1f} MB  "
                           f"workers {kids / 1e6:7.1f} MB  snapshots {n}  "
                           f"requests {snap.counters.requests_ok}", flush=True)
-            if first_trace is not None and last_trace is None and snap.load.state != "running":
-                last_trace = tracemalloc.take_snapshot()  # the load's end, before the drain
+            if not end_malloc and snap.load.state != "running":  # the load's end, not the drain
+                end_malloc = malloc_text()
+                if first_trace is not None:
+                    last_trace = tracemalloc.take_snapshot()
     finally:
         await coord.close()
         recording.close()
-    end_malloc = malloc_text()
     run = windows.stats("run")
     warm = [s for s in samples if s[0] >= warm_from]
     warm_w = [s for s in workers if s[0] >= warm_from]

@@ -40,3 +40,26 @@ async def test_duration_and_rates_leave_the_drain_out(tmp_path):
     rate = summary["throughput"]["req_s"]
     assert rate * summary["duration_s"] == pytest.approx(summary["requests"]["ok"], abs=0.01)
     assert "drain: " in done.stderr.splitlines()[-1]
+
+
+async def test_a_run_of_long_generations_stopped_early_counts_what_streamed(tmp_path):
+    """No request finishes within the run, but tokens streamed all along: that is a run
+    that measured something (exit 0, tokens and tok/s counted), not "no request
+    completed"."""
+    sim = await start_sim(SimConfig(exact_ttft_ms=20.0, exact_itl_ms=ITL_MS),
+                          host="127.0.0.1", port=0)
+    try:
+        out = tmp_path / "summary.json"
+        done = await asyncio.to_thread(
+            tokentop, "run", "--headless", f"--url={sim.url}", "--concurrency=2",
+            "--workers=1", "--tick=0.25", "--duration=1.5", "--drain-grace=0.1",
+            "--output-tokens=2000", "--input-tokens=8", "--json", str(out), "--no-record")
+        summary = json.loads(out.read_text())
+    finally:
+        await sim.close()
+    assert done.returncode == 0, done.stderr
+    assert summary["requests"]["ok"] == 0 and summary["tokens"]["output_completed"] == 0
+    # the truth: two streams of one token every ITL_MS for the 1.5 s of load
+    expected = 2 * 1.5 / (ITL_MS / 1000)
+    assert summary["tokens"]["output"] == pytest.approx(expected, rel=0.2)
+    assert summary["throughput"]["output_tok_s"] == pytest.approx(2 / (ITL_MS / 1000), rel=0.2)

@@ -26,9 +26,11 @@ def _row(label: str, values: list[str], estimated: bool = False) -> str:
 
 
 def per_user(s: WindowStats | None) -> float | None:
-    """What one user sees while streaming: 1 / mean TPOT, tokens per second."""
-    tpot = s.latency.get("tpot") if s else None
-    mean = tpot.get("mean") if tpot else None
+    """What one user sees stream in, tokens per second: 1 / the mean per-token gap (ITL,
+    recorded as tokens arrive, so a long generation counts before it finishes; TPOT would
+    wait for the request to end)."""
+    itl = s.latency.get("itl") if s else None
+    mean = itl.get("mean") if itl else None
     return 1e6 / mean if mean else None
 
 
