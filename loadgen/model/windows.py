@@ -142,6 +142,7 @@ class SnapshotWindows:
         # the last point before the drain began: the whole-run window ends here, so that a
         # run's duration and rates are its load, not the drain after it (see `drain`)
         self._load_end: tuple[float, Counters, float] | None = None
+        self._loading = False  # the last Snapshot was under load (not draining or stopped)
         self.last: Snapshot | None = None
 
     def add(self, snap: Snapshot) -> None:
@@ -154,8 +155,12 @@ class SnapshotWindows:
             self._first = (snap.t - snap.elapsed, Counters(), 0.0)
             self._counters.append(self._first)
         self._counters.append(point)
-        if snap.load.state not in ("draining", "stopped") or self._load_end is None:
+        # The tick in which the drain began still covers load (the stop reached the workers
+        # as it closed), so the load ends at the first draining Snapshot, not the one before.
+        loading = snap.load.state not in ("draining", "stopped")
+        if loading or self._loading or self._load_end is None:
             self._load_end = point
+        self._loading = loading
         while self._counters and self._counters[0][0] < snap.t - 600.0 - 10.0:
             self._counters.popleft()
         warmup_over = self.last is not None and self.last.load.warmup and not snap.load.warmup

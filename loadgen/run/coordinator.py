@@ -320,7 +320,9 @@ class Coordinator:
         if self._drain is not None:
             return
         if self._load_started is None and elapsed >= self.cfg.warmup:
-            self._load_started = elapsed
+            # without a warm-up the load is measured from the start (as the windows are);
+            # with one, from the tick in which it ended (the windows forget up to there)
+            self._load_started = elapsed if self.cfg.warmup > 0 else 0.0
             if self.cfg.warmup > 0:
                 self._event("run", f"warm-up over after {self.cfg.warmup:g} s: measuring")
         if self.ramp is not None and self.state == "running":

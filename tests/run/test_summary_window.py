@@ -63,3 +63,25 @@ async def test_a_run_of_long_generations_stopped_early_counts_what_streamed(tmp_
     expected = 2 * 1.5 / (ITL_MS / 1000)
     assert summary["tokens"]["output"] == pytest.approx(expected, rel=0.2)
     assert summary["throughput"]["output_tok_s"] == pytest.approx(2 / (ITL_MS / 1000), rel=0.2)
+
+
+async def test_the_load_window_keeps_its_last_tick(tmp_path):
+    """The tick in which the stop came still measured load: at a constant 20 req/s the
+    summary's request rate is 20, and the drain holds only what was in flight."""
+    sim = await start_sim(SimConfig(exact_ttft_ms=20.0, exact_itl_ms=5.0),
+                          host="127.0.0.1", port=0)
+    try:
+        out = tmp_path / "summary.json"
+        done = await asyncio.to_thread(
+            tokentop, "run", "--headless", f"--url={sim.url}", "--mode=open", "--rate=20",
+            "--arrival=constant", "--workers=1", "--tick=0.5", "--duration=2",
+            "--drain-grace=2", "--output-tokens=10", "--input-tokens=8", "--json", str(out),
+            "--no-record")
+        summary = json.loads(out.read_text())
+    finally:
+        await sim.close()
+    assert done.returncode == 0, done.stderr
+    # the truth: the asked schedule (a request lasts ~65 ms, so ~2 are in flight at a time)
+    assert summary["duration_s"] == pytest.approx(2.0, abs=0.15)
+    assert summary["throughput"]["req_s"] == pytest.approx(20.0, rel=0.08)
+    assert (summary["drain"] or {}).get("requests_ok", 0) <= 3
