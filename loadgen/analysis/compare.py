@@ -29,7 +29,7 @@ SUMMARY_FORMAT = 1
 RUN_FORMATS = (MANIFEST_FORMAT,)
 # the settings that make two runs the same experiment
 WORKLOAD_KEYS = ("api", "input_tokens", "output_tokens", "shared_prefix", "prompts_file",
-                 "ignore_eos", "continuous_usage")
+                 "dataset", "tokenizer", "ignore_eos", "continuous_usage")
 LOAD_KEYS = ("mode", "concurrency", "rate", "arrival", "max_in_flight")
 
 # (label, path into the summary, True when higher is better)

@@ -8,16 +8,23 @@ Why not call `HdrHistogram.record_value` per token? It is pure Python (~2 µs a
 call) and would sit on the client's hot path. Workers append raw values to a
 flat array and turn the whole tick into counts here with one `bincount`.
 The `hdrhistogram` package still does the encoding and decoding (its codec is
-in C), so the wire format is the library's, not ours.
+in C), so the wire format is the library's, not ours. We call that codec with
+buffers of our own, kept from call to call: the package's own encode and decode
+allocate a 184-212 KB array every call, which at every metric of every tick
+fragments the long-running consumer's heap (RSS that creeps up for hours).
 """
 
 from __future__ import annotations
 
-import sys
+import base64
+import binascii
 import threading
+import zlib
 from collections.abc import Iterable
+from ctypes import addressof, c_byte, memmove
 
 import numpy as np
+from hdrh import codec
 from hdrh.histogram import HdrHistogram
 
 LOWEST_US = 1
@@ -92,33 +99,70 @@ def sparse_counts_clipped(
     return nz.astype(np.int32), np.rint(dense[nz]).astype(np.int64), clipped
 
 
-def dense_from_sparse(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Sum several sparse count sets into one dense counts array."""
-    dense = np.zeros(COUNTS_LEN, np.int64)
+def dense_from_sparse(
+    pairs: Iterable[tuple[np.ndarray, np.ndarray]], out: np.ndarray | None = None
+) -> np.ndarray:
+    """Sum several sparse count sets into one dense counts array: `out` (overwritten) when
+    given, which a caller doing this every tick keeps, rather than a fresh 184 KB array."""
+    dense = _zeroed(out)
     for idx, cnt in pairs:
         if len(idx):
             np.add.at(dense, idx, cnt)
     return dense
 
 
+def _zeroed(out: np.ndarray | None) -> np.ndarray:
+    if out is None:
+        return np.zeros(COUNTS_LEN, np.int64)
+    if out.shape != (COUNTS_LEN,) or out.dtype != np.int64 or not out.flags.c_contiguous:
+        raise ValueError(f"a counts buffer is {COUNTS_LEN} contiguous int64, not {out.shape} "
+                         f"{out.dtype}")
+    out.fill(0)
+    return out
+
+
+_WORD = 8  # bytes a count: int64, what the codec calls word size 8
+_VARINT_ROOM = COUNTS_LEN * codec.V2_MAX_WORD_SIZE_IN_BYTES  # the worst case: every count
+_HEAD = codec.payload_header_size
+
+
+class _Encoder:
+    """One a thread, reused at every call: the varint buffer (212 KB, allocated once) and the
+    two headers, set up as the package's HdrHistogramEncoder sets them."""
+
+    def __init__(self) -> None:
+        self.buf = (c_byte * (_HEAD + _VARINT_ROOM))()
+        self.view = memoryview(self.buf).cast("B")
+        p = self.payload = codec.PayloadHeader()
+        p.cookie = codec.get_encoding_cookie()
+        p.normalizing_index_offset = 0
+        p.conversion_ratio_bits = 1
+        p.significant_figures = SIGNIFICANT_FIGURES
+        p.lowest_trackable_value = LOWEST_US
+        p.highest_trackable_value = HIGHEST_US
+        self.external = codec.ExternalHeader()
+        self.external.cookie = codec.get_compression_cookie()
+
+
 _encoders = threading.local()
 
 
 def encode(dense: np.ndarray) -> str:
-    """Standard HdrHistogram V2 compressed, base64 encoded histogram of a dense counts array."""
-    # one histogram per thread, overwritten each time: a fresh one is a 184 KB allocation per
-    # metric per tick, which over days only feeds the allocator's fragmentation
-    h = getattr(_encoders, "h", None)
-    if h is None:
-        h = _encoders.h = HdrHistogram(LOWEST_US, HIGHEST_US, SIGNIFICANT_FIGURES)
-        _encoders.view = np.ctypeslib.as_array(h.counts)
-    _encoders.view[:] = dense
-    nz = np.flatnonzero(dense)
-    if len(nz):
-        h.set_internal_tacking_values(int(nz[0]), int(nz[-1]), int(dense.sum()))
-    else:
-        h.total_count, h.min_value, h.max_value = 0, sys.maxsize, 0
-    return h.encode().decode("ascii")
+    """Standard HdrHistogram V2 compressed, base64 encoded histogram of a dense counts array
+    (byte for byte what the package's HdrHistogram.encode gives for the same counts)."""
+    e: _Encoder | None = getattr(_encoders, "e", None)
+    if e is None:
+        e = _encoders.e = _Encoder()
+    counts = np.ascontiguousarray(dense, np.int64)  # no copy for the usual int64 array
+    nz = np.flatnonzero(counts)
+    # as the package does: the counts up to the highest non-empty one, none when empty
+    limit = int(nz[-1]) + 1 if len(nz) else 0
+    n = codec.encode(counts.ctypes.data, limit, _WORD, addressof(e.buf) + _HEAD, _VARINT_ROOM)
+    e.payload.payload_len = n
+    memmove(e.buf, addressof(e.payload), _HEAD)
+    compressed = zlib.compress(e.view[:_HEAD + n])
+    e.external.length = len(compressed)
+    return base64.b64encode(bytes(e.external) + compressed).decode("ascii")
 
 
 def _release(h: HdrHistogram) -> None:
@@ -127,9 +171,53 @@ def _release(h: HdrHistogram) -> None:
     h.encoder = None
 
 
-def decode(blob: str) -> np.ndarray:
-    """Dense counts array of an encoded histogram (ours or any standard one with our layout)."""
-    h = HdrHistogram.decode(blob.encode("ascii") if isinstance(blob, str) else blob)
+def decode(blob: str | bytes, out: np.ndarray | None = None) -> np.ndarray:
+    """Dense counts array of an encoded histogram (ours or any standard one): into `out`
+    (overwritten) when given, which a caller decoding every tick keeps."""
+    raw = blob.encode("ascii") if isinstance(blob, str) else blob
+    payload = _our_payload(raw)
+    if payload is None:
+        dense = _decode_other(raw)
+        if out is None:
+            return dense
+        _zeroed(out)[:] = dense
+        return out
+    dense = _zeroed(out)
+    codec.decode(payload, _HEAD, dense.ctypes.data, COUNTS_LEN, _WORD)
+    return dense
+
+
+def _our_payload(raw: bytes) -> bytes | None:
+    """The decompressed payload of a well-formed blob in our layout; None for anything else,
+    which the package's decoder then takes (another layout re-bucketed, or its error)."""
+    try:
+        packed = base64.b64decode(raw)
+    except (binascii.Error, ValueError):
+        return None
+    head = codec.ext_header_size
+    if len(packed) < head:
+        return None
+    external = codec.ExternalHeader.from_buffer_copy(packed)
+    if codec.get_cookie_base(external.cookie) != codec.V2_COMPRESSION_COOKIE_BASE \
+            or external.length != len(packed) - head:
+        return None
+    try:
+        payload = zlib.decompress(memoryview(packed)[head:])
+    except zlib.error:
+        return None
+    if len(payload) < _HEAD:
+        return None
+    p = codec.PayloadHeader.from_buffer_copy(payload)
+    layout = (p.lowest_trackable_value, p.highest_trackable_value, p.significant_figures)
+    if codec.get_cookie_base(p.cookie) != codec.V2_ENCODING_COOKIE_BASE \
+            or layout != (LOWEST_US, HIGHEST_US, SIGNIFICANT_FIGURES):
+        return None
+    return payload
+
+
+def _decode_other(raw: bytes) -> np.ndarray:
+    """The package's own decoder, for a blob that is not plainly ours."""
+    h = HdrHistogram.decode(raw)
     try:
         if h.counts_len != COUNTS_LEN:
             # a histogram with another layout: re-bucket through its values

@@ -47,6 +47,9 @@ class Target(msgspec.Struct, kw_only=True):
     model: str
     api: str = "chat"  # chat | completions
     simulated: bool = False  # the embedded simulator, started by tokentop
+    # how prompt lengths are known (--tokenizer): "path" (a local tokenizer), "server" (the
+    # target's /tokenize): exact; "approx" (about one token a word); None: older recordings
+    lengths: str | None = None
 
 
 class LoadState(msgspec.Struct, kw_only=True):

@@ -17,9 +17,11 @@ import msgspec
 from loadgen.model.slo import Slo, SloError, Slos, parse_slos, parse_us
 from loadgen.run.ramp import Ramp, RampError
 from loadgen.sim.model import SimConfig
+from loadgen.worker.dataset import Dataset, DatasetError, check, longest_words
 from loadgen.worker.load import Arrivals
+from loadgen.worker.tokenizer import TOKENIZER_CHOICES, Lengths, TokenizerError, load_tokenizer
 from loadgen.worker.wire import Cancelling, LoadSpec
-from loadgen.worker.workload import LengthDist, Workload, WorkloadError, load_prompts
+from loadgen.worker.workload import LengthDist, Workload, WorkloadError
 
 
 class ConfigError(ValueError):
@@ -68,9 +70,16 @@ class RunConfig(msgspec.Struct, kw_only=True):
     input_tokens: str = "128"
     output_tokens: str = "128"
     shared_prefix: int = 0
+    # where prompts come from: synthetic | text:FILE | sharegpt:FILE | jsonl:FILE
+    # (loadgen.worker.dataset); prompts_file is the older `--prompts FILE`, jsonl:FILE
+    dataset: str = "synthetic"
     prompts_file: str | None = None
     ignore_eos: bool = True
     continuous_usage: bool = True
+    # exact token lengths (loadgen.worker.tokenizer): a local tokenizer.json or a folder
+    # holding one | server (the target's /tokenize) | auto (the server's when it has one)
+    # | none (about one token a word)
+    tokenizer: str = "auto"
     # limits
     duration: float | None = None  # seconds of load after warm-up; None: until stopped
     warmup: float = 0.0  # seconds excluded from results
@@ -121,20 +130,25 @@ class Parsed:
     ramp: Ramp | None
     slos: Slos
     cancelling: Cancelling
+    dataset: Dataset  # checked, with its note (what to say once)
 
     @property
     def slo(self) -> Slo | None:
         """The per-request limits (goodput)."""
         return self.slos.per_request
 
-    def workload(self, cfg: RunConfig, model: str) -> Workload:
+    def workload(self, cfg: RunConfig, model: str, lengths: Lengths | None = None) -> Workload:
+        """The workers' workload; `lengths`: --tokenizer as resolved at start (none: approx)."""
+        lengths = lengths or Lengths()
         return Workload(
+            tokenizer=lengths.tokenizer,
+            one_token_words=lengths.words,
             model=model,
             api=cfg.api,
             input_tokens=self.input_tokens,
             output_tokens=self.output_tokens,
             shared_prefix=cfg.shared_prefix,
-            prompts_file=cfg.prompts_file,
+            dataset=self.dataset,
             ignore_eos=cfg.ignore_eos,
             continuous_usage=cfg.continuous_usage,
             seed=cfg.seed,
@@ -150,14 +164,17 @@ def _parse(cfg: RunConfig) -> Parsed:
     try:
         inp = LengthDist.parse(cfg.input_tokens)
         out = LengthDist.parse(cfg.output_tokens)
-        if cfg.prompts_file:
-            load_prompts(cfg.prompts_file)  # fail now, in words, not in every worker
         ramp = Ramp.parse(cfg.ramp) if cfg.ramp else None
         slos = parse_slos(cfg.slo)
         cancelling = _cancelling(cfg)
-    except (WorkloadError, RampError, SloError) as e:
+        if cfg.tokenizer not in TOKENIZER_CHOICES:
+            load_tokenizer(cfg.tokenizer)  # a path that does not load fails now, in words
+        # the file is read through now: a broken one fails here, in words, not in every worker
+        dataset = check(Dataset.parse(cfg.dataset, cfg.prompts_file),
+                        window_words=longest_words(inp) - 1 - cfg.shared_prefix)
+    except (WorkloadError, DatasetError, RampError, SloError, TokenizerError) as e:
         raise ConfigError(str(e)) from None
-    return Parsed(inp, out, ramp, slos, cancelling)
+    return Parsed(inp, out, ramp, slos, cancelling, dataset)
 
 
 def _check_choices(cfg: RunConfig) -> None:

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
+import numpy as np
 
 from loadgen.model import hdr
 from loadgen.model.outage import OutageTracker, Tick
@@ -42,7 +43,7 @@ from loadgen.run.auto_ramp import AutoRamp
 from loadgen.run.config import ConfigError, RunConfig, default_workers
 from loadgen.run.embedded_sim import EmbeddedSim, SimStartError
 from loadgen.run.pool import WorkerPool
-from loadgen.run.preflight import TargetError, check_url, resolve_model
+from loadgen.run.preflight import TargetError, check_url, resolve_lengths, resolve_model
 from loadgen.run.resume import ResumeFrom
 from loadgen.run.secrets import Secrets
 from loadgen.worker import wire
@@ -103,6 +104,9 @@ class Coordinator:
         self._elapsed = 0.0
         self._stalled: dict[int, int] = {}  # per worker: its last report's stalled streams
         self._outages = OutageTracker()  # health, outages and stalls (loadgen.model.outage)
+        # a tick's merged histograms, one kept array a metric: a fresh 184 KB one a metric a
+        # tick fragments a long run's heap (whoever is handed them must copy what it keeps)
+        self._tick_dense: dict[str, np.ndarray] = {}
 
     # ---- start -------------------------------------------------------------------------
 
@@ -128,7 +132,11 @@ class Coordinator:
             base = check_url(cfg.url)
         model = await resolve_model(self._session, base, cfg.model,
                                     self.secrets.authorization())
-        self.target = Target(url=base, model=model, api=cfg.api, simulated=self.sim is not None)
+        # --tokenizer: a local one, the server's /tokenize, or approx. (before any load)
+        self.lengths = await resolve_lengths(self._session, base, model, cfg.tokenizer,
+                                             self.secrets.authorization())
+        self.target = Target(url=base, model=model, api=cfg.api, simulated=self.sim is not None,
+                             lengths=self.lengths.source)
         self.host = HostProbe()
         root = base.removesuffix("/v1")
         self.gpu = await GpuProbe.create(root, self._session)
@@ -149,9 +157,9 @@ class Coordinator:
             self._start_auto_ramp("cli")
         self.pool.set_load(self.spec)
         self.state = "running"
-        workload = self.parsed.workload(cfg, model)
+        workload = self.parsed.workload(cfg, model, self.lengths)
         self._event("run", f"run started: {self._load_text()}; {workload.describe()}; "
-                    f"model {model}")
+                    f"model {model}; {self.lengths.note}")
 
     def _check_open_files(self) -> None:
         """Raise the open-file limit (the workers inherit it) and refuse, before any load, a
@@ -184,7 +192,7 @@ class Coordinator:
 
     async def _start_workers(self, base: str, model: str) -> None:
         cfg = self.cfg
-        workload = self.parsed.workload(cfg, model)
+        workload = self.parsed.workload(cfg, model, self.lengths)
         # the credential goes down each worker's control pipe, never into its environment
         # (where `ps e` would show it)
         env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
@@ -394,7 +402,9 @@ class Coordinator:
             if failure not in self._reported_failures:
                 self._reported_failures.add(failure)
                 self._event("error", failure, level="error")
-        dense = {m: hdr.dense_from_sparse(p) for m, p in sparse.items() if p}
+        dense = {m: hdr.dense_from_sparse(p, out=self._tick_dense.get(m))
+                 for m, p in sparse.items() if p}
+        self._tick_dense.update(dense)
         hist = {m: hdr.encode(d) for m, d in dense.items()}
         self._step_auto_ramp(elapsed, dense)
         events, self._events = self._events, []

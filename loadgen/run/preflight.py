@@ -1,4 +1,5 @@
-"""Before any load: is the target an OpenAI-compatible server, and which model?
+"""Before any load: is the target an OpenAI-compatible server, which model, and how are
+token lengths known (--tokenizer)?
 
 Every failure here becomes one sentence a user can act on (TargetError),
 never a traceback: a wrong URL, a dead server, a missing /v1, a wrong model.
@@ -6,9 +7,19 @@ never a traceback: a wrong URL, a dead server, a missing /v1, a wrong model.
 
 from __future__ import annotations
 
+import asyncio
 from urllib.parse import urlsplit
 
 import aiohttp
+
+from loadgen.worker.tokenizer import (
+    TOKENIZER_CHOICES,
+    Lengths,
+    TokenizerError,
+    one_token_words,
+    path_lengths,
+)
+from loadgen.worker.workload import _VOCAB as PROMPT_WORDS  # what synthetic prompts draw on
 
 
 class TargetError(Exception):
@@ -77,3 +88,121 @@ async def list_models(
             "GET /models did not return a model list"
         )
     return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
+
+
+# ---- --tokenizer: exact lengths by a local tokenizer or the server's /tokenize ---------------
+
+TOKENIZE_TIMEOUT_S = 10.0
+TOKENIZE_CONCURRENCY = 16  # the one-token-word search asks a few hundred times at most
+TOKENIZE_PROBE = "hello world"
+
+
+class TokenizeFailed(Exception):
+    """The server's tokenize endpoint did not answer as it should; str(e) says how."""
+
+
+class ServerTokenize:
+    """One tokenize endpoint of the target and the body shape it takes: vLLM's and SGLang's
+    {"model", "prompt", "add_special_tokens": false} → {"count", "tokens"}, llama.cpp's
+    {"content", "add_special": false} → {"tokens"}, TGI's {"inputs"} → [tokens]."""
+
+    SHAPES = ("vllm", "llama.cpp", "tgi")
+
+    def __init__(self, session: aiohttp.ClientSession, url: str, shape: str, model: str,
+                 authorization: str | None) -> None:
+        self.session = session
+        self.url = url
+        self.shape = shape
+        self.model = model
+        self.headers = {"Authorization": authorization} if authorization else {}
+
+    def body(self, text: str) -> dict:
+        if self.shape == "vllm":
+            return {"model": self.model, "prompt": text, "add_special_tokens": False}
+        if self.shape == "llama.cpp":
+            return {"content": text, "add_special": False}
+        return {"inputs": text}
+
+    async def one(self, text: str) -> int:
+        """Tokens of `text`; raises TokenizeFailed (with the HTTP status, if one came)."""
+        timeout = aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT_S)
+        try:
+            async with self.session.post(self.url, json=self.body(text), headers=self.headers,
+                                         timeout=timeout) as r:
+                if r.status != 200:
+                    raise TokenizeFailed(f"HTTP {r.status}")
+                answer = await r.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            raise TokenizeFailed(str(e) or type(e).__name__) from None
+        if isinstance(answer, dict) and isinstance(answer.get("count"), int):
+            return answer["count"]
+        if isinstance(answer, dict) and isinstance(answer.get("tokens"), list):
+            return len(answer["tokens"])
+        if isinstance(answer, list):
+            return len(answer)
+        raise TokenizeFailed("the answer holds no token list")
+
+    async def count(self, texts: list[str]) -> list[int]:
+        """Tokens of each text, TOKENIZE_CONCURRENCY requests at a time."""
+        gate = asyncio.Semaphore(TOKENIZE_CONCURRENCY)
+
+        async def gated(text: str) -> int:
+            async with gate:
+                return await self.one(text)
+
+        return list(await asyncio.gather(*(gated(t) for t in texts)))
+
+    def __str__(self) -> str:
+        return f"POST {self.url} ({self.shape})"
+
+
+async def find_tokenize(session: aiohttp.ClientSession, base_url: str, model: str,
+                        authorization: str | None) -> ServerTokenize | None:
+    """The target's tokenize endpoint, if it has one: POST /tokenize at its root (vLLM,
+    llama.cpp, TGI) or under /v1 (SGLang), in each shape until one counts a probe text."""
+    root = base_url.removesuffix("/v1")
+    for url in dict.fromkeys((f"{root}/tokenize", f"{base_url}/tokenize")):
+        for shape in ServerTokenize.SHAPES:
+            endpoint = ServerTokenize(session, url, shape, model, authorization)
+            try:
+                if await endpoint.one(TOKENIZE_PROBE) >= 1:
+                    return endpoint
+            except TokenizeFailed as e:
+                if str(e) in ("HTTP 404", "HTTP 405") or not str(e).startswith("HTTP"):
+                    break  # nothing at this path (or no answer): no other shape will do
+    return None
+
+
+async def resolve_lengths(session: aiohttp.ClientSession, base_url: str, model: str,
+                          choice: str, authorization: str | None) -> Lengths:
+    """--tokenizer as the run will use it (see loadgen.worker.tokenizer). A path that does
+    not load, or `server` where the target has no usable tokenize endpoint, is TargetError;
+    `auto` without one is approx., said in the note."""
+    if choice == "none":
+        return Lengths(note="lengths approx. (--tokenizer none: about one token a word)")
+    if choice not in TOKENIZER_CHOICES:
+        try:
+            return await path_lengths(choice, PROMPT_WORDS)
+        except TokenizerError as e:
+            raise TargetError(str(e)) from None
+    endpoint = await find_tokenize(session, base_url, model, authorization)
+    if endpoint is None:
+        if choice == "server":
+            raise TargetError(f"--tokenizer server: {base_url} has no tokenize endpoint "
+                              "(POST /tokenize as vLLM, SGLang, llama.cpp or TGI serve it); "
+                              "give a local one: --tokenizer PATH")
+        return Lengths()
+    try:
+        words, why = await one_token_words(endpoint.count, PROMPT_WORDS, base=None)
+    except TokenizeFailed as e:
+        why = f"it failed ({e})"
+        words = ()
+    if not words:
+        if choice == "server":
+            raise TargetError(f"--tokenizer server: {endpoint}: {why}; give a local one: "
+                              "--tokenizer PATH")
+        return Lengths(note=f"lengths approx. (the server's {endpoint}: {why})")
+    return Lengths(source="server", words=words, note=(
+        f"lengths exact (the server's {endpoint}; asked lengths exclude the chat template and "
+        "special tokens; tokens per chunk from the server's usage, else spread by text length "
+        "(est.): a local --tokenizer PATH counts them)"))

@@ -61,6 +61,8 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
             "input": run.input_tokens,
             "output_estimated": run.tokens_estimated,
             "input_per_request": _input_per_request(run),
+            # how the asked lengths were made: exact (a tokenizer) or approx (~1 token a word)
+            "lengths": last.target.lengths if last else None,
         },
         "throughput": {
             "output_tok_s": run.output_tok_s,

@@ -62,6 +62,11 @@ class SimConfig:
     # tokens a chat template adds to every chat prompt, as real servers count them
     # (llama.cpp's default template adds about 14)
     chat_template_tokens: int = 0
+    # a local tokenizer.json (or a folder holding one): prompts are counted with it, the
+    # words written are those that are one token each in it, and POST /tokenize answers
+    # (loadgen.sim.server.SimTokenizer); None: a token a word. Loaded when the server
+    # starts, not here, so a recorded config whose file has gone still decodes.
+    tokenizer: str | None = None
     metrics_dialect: str = "vllm"  # vllm | sglang | tgi | llamacpp | trtllm | triton
     faults: FaultConfig = field(default_factory=FaultConfig)
     # the simulated GPU(s); memory and power are per GPU, weights and KV split over them

@@ -4,13 +4,15 @@ Endpoints: POST /v1/chat/completions and /v1/completions (stream and whole),
 GET /v1/models, /health, /metrics (vLLM names, or another engine's with
 `--metrics-dialect`), /sim/gpu (the simulated GPU), and GET/POST /sim/faults
 (fault settings and injected counts; POST from loopback peers only, see faults.py),
-and GET /sim/arrivals (each completion request's arrival time, loopback peers only).
+GET /sim/arrivals (each completion request's arrival time, loopback peers only), and,
+with a tokenizer (`SimConfig.tokenizer`), POST /tokenize in vLLM's and llama.cpp's shapes.
 
 Requests, as the simulator reads them:
 
 * prompt tokens = whitespace-separated words of the prompt (completions; a
   list of token ids counts its length) or of every message's text (chat, plus
-  `chat_template_tokens`), at least 1;
+  `chat_template_tokens`), at least 1; with a tokenizer, its count of those texts
+  (see SimTokenizer), and the words written are those that are one token each in it;
 * `max_tokens` (chat also `max_completion_tokens`), default 256, capped so
   that prompt + completion fits the KV budget; asking for more than fits is a
   400, as vLLM answers past max_model_len;
@@ -51,6 +53,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -77,16 +80,89 @@ WORDS = (
     " dolore", " magna", " aliqua", " enim", " ad", " minim", " veniam", " quis",
     " nostrud", " exercitation", " ullamco", " laboris", " nisi", " aliquip", " ex", " ea",
 )  # fmt: skip
-_WORD_MASK = len(WORDS) - 1
-assert len(WORDS) & _WORD_MASK == 0, "word count must be a power of two"
-_WORD_BYTES = tuple(w.encode() for w in WORDS)
 
 # Everything of a content chunk after the token text, per API. A chunk is then
 # head (per request) + tail (per word): one concatenation, no JSON encoding per token.
 _CHAT_REST = b'"},"logprobs":null,"finish_reason":null}]'
 _TEXT_REST = b'","logprobs":null,"finish_reason":null}]'
-_CHAT_TAILS = tuple(w + _CHAT_REST + b"}\n\n" for w in _WORD_BYTES)
-_TEXT_TAILS = tuple(w + _TEXT_REST + b"}\n\n" for w in _WORD_BYTES)
+
+
+@dataclass(frozen=True)
+class WordTable:
+    """The words the simulated model writes, one token each, cycled: a power of two of them
+    (the cycle is a mask), with their bytes and chunk tails precomputed."""
+
+    words: tuple[str, ...]
+    mask: int
+    bytes: tuple[bytes, ...]
+    chat_tails: tuple[bytes, ...]
+    text_tails: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, words: tuple[str, ...]) -> WordTable:
+        n = 1 << (len(words).bit_length() - 1)  # the most that are a power of two
+        words = words[:n]
+        raw = tuple(w.encode() for w in words)
+        return cls(words, n - 1, raw, tuple(w + _CHAT_REST + b"}\n\n" for w in raw),
+                   tuple(w + _TEXT_REST + b"}\n\n" for w in raw))
+
+    def text(self, offset: int, n: int) -> str:
+        return "".join(self.words[(offset + k) & self.mask] for k in range(n))
+
+
+PLAIN_WORDS = WordTable.of(WORDS)
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+class SimTokenizer:
+    """A local tokenizer the simulator counts with (`SimConfig.tokenizer`, a tokenizer.json
+    or a folder holding one; read offline). Prompt tokens are its count of the prompt's
+    text (a completion prompt with the special tokens it adds, as a server counts a BOS;
+    chat message contents without, the template's tokens being `chat_template_tokens`);
+    the words the model writes are those of WORDS that are one token each in it, alone (a
+    chunk's text) and in a row; POST /tokenize answers with it. Raises ValueError in words
+    when it cannot be loaded or none of WORDS fits."""
+
+    def __init__(self, path: str) -> None:
+        from tokenizers import Tokenizer
+
+        p = Path(path).expanduser()
+        file = p / "tokenizer.json" if p.is_dir() else p
+        try:
+            self.tok = Tokenizer.from_str(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"tokenizer {path}: cannot read {file}: "
+                             f"{getattr(e, 'strerror', None) or e}") from None
+        except Exception as e:  # the library's own error, serde's message in it
+            reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+            raise ValueError(f"tokenizer {path}: {file.name} is not a tokenizer the "
+                             f"`tokenizers` library can load ({reason})") from None
+        fit = tuple(w for w in WORDS if self._one_token(w))
+        if not fit:
+            raise ValueError(f"tokenizer {path}: none of the simulator's words "
+                             f"({WORDS[0].strip()}, {WORDS[1].strip()} …) is one token in it")
+        self.table = WordTable.of(fit)
+        cycle = "".join(self.table.words * 2)  # in a row, and across the cycle's wrap
+        if self.content(cycle) != 2 * len(self.table.words):
+            raise ValueError(f"tokenizer {path}: its counts of the simulator's words do not "
+                             "add up in a row (it merges across spaces)")
+
+    def _one_token(self, word: str) -> bool:
+        """One token that is the word itself (an unknown word is one token too: [UNK])."""
+        ids = self.tok.encode(word, add_special_tokens=False).ids
+        return len(ids) == 1 and self.tok.decode(ids).strip() == word.strip()
+
+    def ids(self, text: str, special: bool) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=special).ids
+
+    def content(self, text: str) -> int:
+        return len(self.tok.encode(text, add_special_tokens=False).ids)
+
+    def prompt(self, text: str) -> int:
+        return len(self.tok.encode(text, add_special_tokens=True).ids)
 _DONE = b"data: [DONE]\n\n"
 _SPLIT_CHAR = "é".encode()  # two bytes: a malformed_kind "split_utf8" splits it
 
@@ -119,16 +195,19 @@ class CompletionRequest:
     continuous_usage: bool
 
 
-def parse_request(body: Any, *, chat: bool, template_tokens: int = 0) -> CompletionRequest:
+def parse_request(body: Any, *, chat: bool, template_tokens: int = 0,
+                  tokens: SimTokenizer | None = None) -> CompletionRequest:
     """Validate a completion body; raises RequestError(400) with a readable message.
-    `template_tokens`: what a chat template adds to every chat prompt's count."""
+    `template_tokens`: what a chat template adds to every chat prompt's count; `tokens`:
+    the tokenizer that counts prompts (None: a token a word)."""
     if not isinstance(body, dict):
         raise RequestError(400, "The request body must be a JSON object.")
     model = body.get("model")
     if not isinstance(model, str):
         raise RequestError(400, "`model` is required and must be a string.")
-    prompt_tokens = (_count_messages(body.get("messages")) + template_tokens if chat
-                     else _count_prompt(body))
+    count = _words if tokens is None else (tokens.content if chat else tokens.prompt)
+    prompt_tokens = (_count_messages(body.get("messages"), count) + template_tokens if chat
+                     else _count_prompt(body, count))
     max_tokens = body.get("max_tokens")
     if chat and body.get("max_completion_tokens") is not None:
         max_tokens = body["max_completion_tokens"]
@@ -155,16 +234,16 @@ def parse_request(body: Any, *, chat: bool, template_tokens: int = 0) -> Complet
     )
 
 
-def _flag(obj: dict[str, Any], key: str) -> bool:
-    value = obj.get(key, False)
+def _flag(obj: dict[str, Any], key: str, *, default: bool = False) -> bool:
+    value = obj.get(key, default)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise RequestError(400, f"`{key}` must be a boolean.")
     return value
 
 
-def _count_messages(messages: Any) -> int:
+def _count_messages(messages: Any, count: Callable[[str], int]) -> int:
     if not isinstance(messages, list) or not messages:
         raise RequestError(400, "`messages` is required and must be a non-empty list.")
     words = 0
@@ -173,25 +252,25 @@ def _count_messages(messages: Any) -> int:
             raise RequestError(400, "Each message must be an object with a `role`.")
         content = message.get("content")
         if isinstance(content, str):
-            words += len(content.split())
+            words += count(content)
         elif isinstance(content, list):  # content parts: count the text ones
             for part in content:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    words += len(part["text"].split())
+                    words += count(part["text"])
         elif content is not None:
             raise RequestError(400, "A message's `content` must be a string or a list of parts.")
     return words
 
 
-def _count_prompt(body: dict[str, Any]) -> int:
+def _count_prompt(body: dict[str, Any], count: Callable[[str], int]) -> int:
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return len(prompt.split())
+        return count(prompt)
     if isinstance(prompt, list) and prompt:
         if all(isinstance(t, int) for t in prompt):  # token ids
             return len(prompt)
         if len(prompt) == 1 and isinstance(prompt[0], str):
-            return len(prompt[0].split())
+            return count(prompt[0])
         one = prompt[0] if len(prompt) == 1 else None
         if isinstance(one, list) and all(isinstance(t, int) for t in one):  # [[token ids]]
             return len(one)
@@ -203,8 +282,10 @@ def _count_prompt(body: dict[str, Any]) -> int:
 class ChunkWriter:
     """Builds one request's SSE bytes from precomputed pieces."""
 
-    def __init__(self, req: CompletionRequest, seq: Sequence, *, chat: bool, model: str) -> None:
+    def __init__(self, req: CompletionRequest, seq: Sequence, *, chat: bool, model: str,
+                 table: WordTable = PLAIN_WORDS) -> None:
         self.chat = chat
+        self.words, self.mask = table.bytes, table.mask
         self.req = req
         self.seq = seq
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -215,7 +296,7 @@ class ChunkWriter:
         ).encode()
         self.open_text = b'{"index":0,"delta":{"content":"' if chat else b'{"index":0,"text":"'
         self.head = self.prefix + self.open_text
-        self.tails = _CHAT_TAILS if chat else _TEXT_TAILS
+        self.tails = table.chat_tails if chat else table.text_tails
         self.rest = _CHAT_REST if chat else _TEXT_REST
         self.multi = False  # k tokens in one chunk (tokens_per_chunk > 1)
 
@@ -233,15 +314,15 @@ class ChunkWriter:
             return self.one_chunk(start, end)
         if self.req.continuous_usage:
             return b"".join(self._usage_token(k) for k in range(start, end))
-        head, tails, offset = self.head, self.tails, seq.offset
+        head, tails, offset, mask = self.head, self.tails, seq.offset, self.mask
         if end - start == 1:
-            return head + tails[(offset + start) & _WORD_MASK]
-        return b"".join(head + tails[(offset + k) & _WORD_MASK] for k in range(start, end))
+            return head + tails[(offset + start) & mask]
+        return b"".join(head + tails[(offset + k) & mask] for k in range(start, end))
 
     def one_chunk(self, start: int, end: int) -> bytes:
         """One chunk carrying tokens start..end-1."""
-        offset = self.seq.offset
-        text = b"".join(_WORD_BYTES[(offset + k) & _WORD_MASK] for k in range(start, end))
+        offset, words, mask = self.seq.offset, self.words, self.mask
+        text = b"".join(words[(offset + k) & mask] for k in range(start, end))
         return self._with_usage(self.open_text + text + self.rest, end)
 
     def empty(self, completion: int) -> bytes:
@@ -250,7 +331,7 @@ class ChunkWriter:
 
     def malformed(self, kind: str, k: int) -> bytes:
         """One broken chunk in place of token k (the malformed fault)."""
-        word = _WORD_BYTES[(self.seq.offset + k) & _WORD_MASK]
+        word = self.words[(self.seq.offset + k) & self.mask]
         if kind == "bad_json":  # the JSON is cut short
             return self.head + word + b'"}\n\n'
         if kind == "missing_data":  # a whole chunk without the `data:` field name
@@ -267,7 +348,7 @@ class ChunkWriter:
         return out + _DONE
 
     def _usage_token(self, k: int) -> bytes:
-        word = _WORD_BYTES[(self.seq.offset + k) & _WORD_MASK]
+        word = self.words[(self.seq.offset + k) & self.mask]
         if self.chat:
             choice = b'{"index":0,"delta":{"content":"' + word + _CHAT_REST
         else:
@@ -300,8 +381,8 @@ class ChunkWriter:
         )
 
 
-def completion_text(seq: Sequence) -> str:
-    return "".join(WORDS[(seq.offset + k) & _WORD_MASK] for k in range(seq.generated))
+def completion_text(seq: Sequence, table: WordTable = PLAIN_WORDS) -> str:
+    return table.text(seq.offset, seq.generated)
 
 
 def stamp(data: bytes, ns: int) -> bytes:
@@ -330,6 +411,9 @@ class SimServer:
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
+        # counts prompts and picks the words written (None: a token a word)
+        self.tokens = SimTokenizer(cfg.tokenizer) if cfg.tokenizer else None
+        self.words = self.tokens.table if self.tokens else PLAIN_WORDS
         self.faults = Faults(cfg.faults)
         self.engine = BatchModel(cfg, self.faults)
         self.gpu = SimGpu(self.engine)
@@ -358,6 +442,8 @@ class SimServer:
                 web.get("/sim/arrivals", self._arrivals),
             ]
         )
+        if self.tokens is not None:  # a server without a tokenizer has no such endpoint
+            app.add_routes([web.post("/tokenize", self._tokenize)])
         self.app = app
 
     @web.middleware
@@ -388,7 +474,8 @@ class SimServer:
             message = f"The request body is not valid JSON: {exc}"
             return error_response(400, message, "BadRequestError")
         try:
-            req = parse_request(body, chat=chat, template_tokens=self.cfg.chat_template_tokens)
+            req = parse_request(body, chat=chat, template_tokens=self.cfg.chat_template_tokens,
+                                tokens=self.tokens)
         except RequestError as exc:
             return exc.response()
         if req.model != self.cfg.model_name:
@@ -434,7 +521,7 @@ class SimServer:
             self.inflight -= 1
 
     def _writer(self, req: CompletionRequest, seq: Sequence, *, chat: bool) -> ChunkWriter:
-        writer = ChunkWriter(req, seq, chat=chat, model=self.cfg.model_name)
+        writer = ChunkWriter(req, seq, chat=chat, model=self.cfg.model_name, table=self.words)
         writer.multi = self.cfg.tokens_per_chunk > 1
         return writer
 
@@ -628,7 +715,7 @@ class SimServer:
             await self.engine.wait(seq)
         if seq.finish_reason == "abort":
             return error_response(503, "The server is shutting down.", "ServiceUnavailableError")
-        text = completion_text(seq)
+        text = completion_text(seq, self.words)
         if chat:
             rid, obj = f"chatcmpl-{uuid.uuid4().hex}", "chat.completion"
             choice: dict[str, Any] = {
@@ -654,6 +741,34 @@ class SimServer:
                 },
             }
         )
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """POST /tokenize: vLLM's and SGLang's shape ({"prompt", "add_special_tokens"
+        (default true)} → {"count", "max_model_len", "tokens"}) or llama.cpp's ({"content",
+        "add_special" (default false)} → {"tokens"}), by the simulator's tokenizer."""
+        assert self.tokens is not None
+        try:
+            body = json.loads(await request.read())
+        except ValueError as exc:
+            return error_response(400, f"The body is not valid JSON: {exc}", "BadRequestError")
+        if not isinstance(body, dict):
+            return error_response(400, "The body must be a JSON object.", "BadRequestError")
+        model = body.get("model")
+        if model is not None and model != self.cfg.model_name:
+            return error_response(404, f"The model `{model}` does not exist.", "NotFoundError")
+        try:
+            if isinstance(body.get("prompt"), str):
+                special = _flag(body, "add_special_tokens", default=True)
+                ids = self.tokens.ids(body["prompt"], special)
+                return web.json_response({"count": len(ids), "max_model_len": self.cfg.kv_tokens,
+                                          "tokens": ids})
+            if isinstance(body.get("content"), str):
+                ids = self.tokens.ids(body["content"], _flag(body, "add_special"))
+                return web.json_response({"tokens": ids})
+        except RequestError as exc:
+            return exc.response()
+        return error_response(400, "`prompt` (vLLM) or `content` (llama.cpp) is required: "
+                              "a string.", "BadRequestError")
 
     async def _models(self, _request: web.Request) -> web.Response:
         name = self.cfg.model_name

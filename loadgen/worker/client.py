@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+from collections.abc import Callable
 from time import perf_counter, time_ns
 
 import msgspec
@@ -31,6 +32,7 @@ from loadgen.model.outage import STALL_AFTER_S
 from loadgen.model.slo import Slo
 from loadgen.worker.http_stream import Endpoint, Outcome, StreamConnection, open_connection
 from loadgen.worker.interval import IntervalRecorder
+from loadgen.worker.sse import Chunk
 from loadgen.worker.stream_measure import StreamMeasure
 
 CONNECT_TIMEOUT_S = 10.0
@@ -48,8 +50,11 @@ class StreamingClient:
         timeout: float = 600.0,
         slo: Slo | None = None,
         calibrate: bool = False,
+        chunk_tokens: Callable[[Chunk], int] | None = None,
     ) -> None:
         self.url = url
+        # a local tokenizer's count of a chunk's tokens, for streams without per-chunk usage
+        self.chunk_tokens = chunk_tokens
         self.endpoint = Endpoint(url, authorization)
         self.rec = rec
         self.timeout = timeout
@@ -84,6 +89,7 @@ class StreamingClient:
         measure = StreamMeasure(
             self.rec, t0, prompt_words, t_intended=t_intended, slo=self.slo,
             t0_wall_ns=t0_ns, cancel_after_tokens=cancel_after_tokens,
+            chunk_tokens=self.chunk_tokens,
         )
         self._live.add(measure)
         try:

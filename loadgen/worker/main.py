@@ -14,12 +14,14 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 from loadgen.worker import eventloop, wire
 from loadgen.worker.client import StreamingClient
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.limits import raise_open_file_limit
 from loadgen.worker.load import ClosedLoop, OpenLoop, Schedule
+from loadgen.worker.sse import Chunk
 from loadgen.worker.workload import RequestFactory
 
 log = logging.getLogger("tokentop.worker")
@@ -61,7 +63,7 @@ class Worker:
         self._cpu_mark = time.process_time()
         self.sent = 0
         url = cfg.base_url.rstrip("/") + cfg.workload.path
-        self.client = make_client(cfg, url, self.rec)
+        self.client = make_client(cfg, url, self.rec, self.factory.chunk_tokens)
         self.closed = ClosedLoop(self._send_one)
         # one seed for every worker: they all draw the same global arrival sequence
         self.open = OpenLoop(self._send_at, cfg.workload.seed, self._backlog_overflow)
@@ -165,15 +167,18 @@ class Worker:
         )
 
 
-def make_client(cfg: wire.Configure, url: str, rec: IntervalRecorder):
+def make_client(cfg: wire.Configure, url: str, rec: IntervalRecorder,
+                chunk_tokens: Callable[[Chunk], int] | None = None):
+    """The client; `chunk_tokens` (a local tokenizer's count of a chunk's tokens) counts
+    them when the server sends no per-chunk usage."""
     if cfg.client == "openai":
         from loadgen.worker.openai_client import OpenAIClient
 
         return OpenAIClient(url, rec, authorization=cfg.authorization,
-                            timeout=cfg.request_timeout, slo=cfg.slo)
+                            timeout=cfg.request_timeout, slo=cfg.slo, chunk_tokens=chunk_tokens)
     return StreamingClient(
         url, rec, authorization=cfg.authorization, timeout=cfg.request_timeout, slo=cfg.slo,
-        calibrate=cfg.calibrate,
+        calibrate=cfg.calibrate, chunk_tokens=chunk_tokens,
     )
 
 

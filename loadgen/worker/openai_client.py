@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from time import perf_counter
 
 import msgspec
@@ -29,7 +30,7 @@ from loadgen.worker.sse import Choice, Chunk, Delta, Usage
 from loadgen.worker.stream_measure import StreamMeasure
 
 # fields the SDK does not know; they travel in extra_body as the servers expect
-_EXTRA = ("ignore_eos",)
+_EXTRA = ("ignore_eos", "min_tokens")  # not the SDK's own parameters: sent in extra_body
 
 
 class OpenAIClient:
@@ -41,7 +42,9 @@ class OpenAIClient:
         authorization: str | None = None,
         timeout: float = 600.0,
         slo: Slo | None = None,
+        chunk_tokens: Callable[[Chunk], int] | None = None,
     ) -> None:
+        self.chunk_tokens = chunk_tokens  # a local tokenizer's count (no per-chunk usage)
         self.chat = url.endswith("/chat/completions")
         base = url.rsplit("/chat/completions" if self.chat else "/completions", 1)[0]
         self.url = url
@@ -79,7 +82,8 @@ class OpenAIClient:
         if t_intended is not None:
             self.rec.lag.append(max(0.0, (t0 - t_intended) * 1e6))
         m = StreamMeasure(self.rec, t0, prompt_words, t_intended=t_intended, slo=self.slo,
-                          cancel_after_tokens=cancel_after_tokens)
+                          cancel_after_tokens=cancel_after_tokens,
+                          chunk_tokens=self.chunk_tokens)
         self._live.add(m)
         try:
             async with asyncio.timeout(limit):

@@ -6,7 +6,8 @@ else. Metric definitions are the README's ("What is measured"):
 
 * TTFT: request sent → first chunk that carries text (a role-only chunk does not count);
 * ITL: per token; a chunk that carried k tokens is k gaps of gap/k (k from continuous usage,
-  else the final usage spread over the chunks by text length, see StreamMeasure);
+  else from a local tokenizer, else the final usage spread over the chunks by text length,
+  see StreamMeasure);
 * ICL: the raw gap between text-bearing chunks;
 * TPOT: (last token − first token) / (output tokens − 1), per request;
 * E2E: request sent → last text-bearing chunk.
@@ -20,13 +21,14 @@ those.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
 
 from loadgen.model.slo import Slo
 from loadgen.worker.interval import IntervalRecorder
-from loadgen.worker.sse import DONE, SseParser, chunk_decoder
+from loadgen.worker.sse import DONE, Chunk, SseParser, chunk_decoder
 
 US = 1e6
 
@@ -40,10 +42,13 @@ class StreamMeasure:
     arrived in it whatever becomes of the request; the final usage corrects the count.
 
     The stream has continuous usage iff its first text chunk carries
-    `usage.completion_tokens`; then ITL is recorded live, k gaps of gap/k. Without it a
-    chunk may still carry several tokens (and a usage that shows up on a later chunk is the
-    final count, not that chunk's share), so the chunk gaps and text lengths are buffered
-    and ITL is recorded when the stream ends, the final count spread by text length.
+    `usage.completion_tokens`; then ITL is recorded live, k gaps of gap/k. Without it, and
+    with a local tokenizer (`chunk_tokens`, loadgen.worker.tokenizer), k is the tokenizer's
+    count of the chunk's text, and ITL is recorded live as well (counted, not estimated).
+    Without either a chunk may still carry several tokens (and a usage that shows up on a
+    later chunk is the final count, not that chunk's share), so the chunk gaps and text
+    lengths are buffered and ITL is recorded when the stream ends, the final count spread
+    by text length.
 
     `end()` records what was measured, however the stream ended (idempotent): the buffered
     ITL and the correction by the usage, if any came. `finish()` calls it; the client must
@@ -58,6 +63,8 @@ class StreamMeasure:
         "cancel_after_tokens",
         "chunks",
         "continuous",
+        "count_tokens",
+        "counted",
         "done",
         "ended",
         "first",
@@ -88,8 +95,13 @@ class StreamMeasure:
         slo: Slo | None = None,
         t0_wall_ns: int | None = None,
         cancel_after_tokens: int | None = None,
+        chunk_tokens: Callable[[Chunk], int] | None = None,
     ) -> None:
         self.rec = rec
+        # a local tokenizer's count of a chunk's tokens (None: none loaded); used only when
+        # the stream turns out to have no per-chunk usage (`counted`)
+        self.count_tokens = chunk_tokens
+        self.counted = False
         self.cancel_after_tokens = cancel_after_tokens  # a user who stops reading
         self.t0 = t0
         self.seen = t0
@@ -145,8 +157,15 @@ class StreamMeasure:
         return self._chunk(chunk, now)
 
     def _chunk(self, chunk, now: float) -> bool:
-        # the text's length is wanted only while tokens are counted one a chunk
-        size = chunk.has_text() if self.continuous else chunk.text_len()
+        # size: whether there is text (continuous usage), its tokens by the tokenizer
+        # (counted, and the first chunk when there is a tokenizer), else its length (tokens
+        # counted one a chunk, spread by text length at the end)
+        if self.continuous:
+            size = chunk.has_text()
+        elif self.count_tokens is not None:
+            size = self.count_tokens(chunk)
+        else:
+            size = chunk.text_len()
         k = 1
         usage = chunk.usage
         if usage is not None:
@@ -171,6 +190,11 @@ class StreamMeasure:
                 rec.itl_v.append(gap / k)
                 rec.itl_w.append(k)
                 rec.usage_tokens += k
+            elif self.counted:  # the tokenizer's count of this chunk's text
+                k = size
+                rec.itl_v.append(gap / k)
+                rec.itl_w.append(k)
+                rec.usage_tokens += k
             else:  # how many tokens it carried is known at the end only
                 self.gaps.append(gap)
                 self.lens.append(size)
@@ -179,7 +203,7 @@ class StreamMeasure:
                 true_gap = (chunk.tokentop_sent_ns - self.sent_ns) / 1e3
                 rec.itl_err.append(abs(gap - true_gap))
         else:
-            self._first(chunk, now, size, k)
+            k = self._first(chunk, now, size, k)
         self.chunks += 1
         self.sent_ns = chunk.tokentop_sent_ns
         self.k_total += k
@@ -190,12 +214,15 @@ class StreamMeasure:
             return False
         return True
 
-    def _first(self, chunk, now: float, size: int, k: int) -> None:
+    def _first(self, chunk, now: float, size: int, k: int) -> int:
         """The first text chunk (k tokens): TTFT, and whether the stream has continuous
-        usage."""
+        usage, else whether a tokenizer counts its chunks. Returns the chunk's tokens."""
         rec = self.rec
         usage = chunk.usage
         self.continuous = usage is not None and usage.completion_tokens is not None
+        self.counted = not self.continuous and self.count_tokens is not None
+        if self.counted:
+            k = size  # the tokenizer's count of this chunk
         self.first = now
         ttft = (now - self.t0) * US
         rec.ttft.append(ttft)
@@ -205,11 +232,12 @@ class StreamMeasure:
         if self.t0_wall_ns is not None and sent is not None:
             # truth: the server wrote it (sent − t0) after we sent; the rest is our error
             rec.ttft_err.append(abs(ttft - (sent - self.t0_wall_ns) / 1e3))
-        if self.continuous:
+        if self.continuous or self.counted:
             rec.usage_tokens += k
         else:
             self.lens.append(size)
             rec.chunk_tokens += k
+        return k
 
     def end(self) -> None:
         """The stream is over, however it ended: correct the token count by the usage if
@@ -221,7 +249,7 @@ class StreamMeasure:
         if n is not None and self.chunks:
             c = self.rec.counters
             c.output_tokens += n - self.k_total  # the server's count replaces ours
-            if not self.continuous:
+            if not self.continuous and not self.counted:
                 c.estimated_output_tokens -= self.k_total
         if self.gaps:
             self._buffered_itl(n)

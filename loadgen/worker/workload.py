@@ -4,7 +4,9 @@ Synthetic prompts are words from a fixed vocabulary, seeded so a run is
 reproducible; most tokenizers give about one token per such word, and the
 server's `usage` gives the true count. A per-request serial number follows
 the shared prefix (if any) so that prefix caching helps exactly as much as
-the prefix length says, and no more.
+the prefix length says, and no more. With `--tokenizer` (loadgen.worker.tokenizer)
+the words are ones that are one token each, the serial is written in them too, and
+a prompt is exactly the asked length.
 
 Lengths come from a distribution given as text:
   128                fixed
@@ -13,19 +15,19 @@ Lengths come from a distribution given as text:
   lognormal:128:0.5  median, sigma of the underlying normal
 All are clamped to at least 1 token.
 
-A prompt file is JSONL: one `{"prompt": "…"}` (or `"text"`) per line, or
-ShareGPT-style `{"conversations": [{"from": "human", "value": "…"}, …]}`
-(the first human turn is the prompt). Each worker cycles through the lines from
-its own offset.
+Prompts from files (raw text windows, ShareGPT, JSONL) are loadgen.worker.dataset's;
+each worker cycles through a file's prompts from its own offset.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
 
 import msgspec
+
+from loadgen.worker.dataset import Dataset, TextWindows, open_source, resolved
+from loadgen.worker.tokenizer import ChunkTokens, load_tokenizer
 
 _VOCAB = (
     "the of and to in is was for on that with as by at from his her they this which are "
@@ -97,60 +99,27 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True):
     input_tokens: LengthDist = LengthDist()
     output_tokens: LengthDist = LengthDist()
     shared_prefix: int = 0  # words every prompt starts with (prefix-cache studies)
-    prompts_file: str | None = None
+    prompts_file: str | None = None  # the older form of dataset jsonl:FILE
+    dataset: Dataset = Dataset()  # where prompts come from (loadgen.worker.dataset)
     ignore_eos: bool = True  # vLLM/SGLang/llama.cpp extension: generate exactly max_tokens
     continuous_usage: bool = True  # ask for usage on every chunk (exact tokens per chunk)
     seed: int = 0
+    # --tokenizer, as resolved at start (loadgen.worker.tokenizer): a local tokenizer.json the
+    # workers load (tokens per chunk without per-chunk usage; prompts by encode-and-trim when
+    # no one-token words are known), and words that are one token each anywhere in a prompt
+    # (synthetic prompts of them are exactly the asked length). Neither: approx.
+    tokenizer: str | None = None
+    one_token_words: tuple[str, ...] = ()
 
     @property
     def path(self) -> str:
         return "/chat/completions" if self.api == "chat" else "/completions"
 
     def describe(self) -> str:
-        source = f"prompts from {Path(self.prompts_file).name}" if self.prompts_file else (
-            f"{self.input_tokens} in")
+        source = resolved(self.dataset, self.prompts_file).describe(
+            self.input_tokens, "tokens" if self.tokenizer else "words")
         prefix = f", {self.shared_prefix} shared" if self.shared_prefix else ""
         return f"{self.api}, {source}{prefix} → {self.output_tokens} out"
-
-
-def load_prompts(path: str) -> list[str]:
-    """Prompts of a JSONL file; raises WorkloadError with the file and line on bad input."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise WorkloadError(f"cannot read prompt file {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise WorkloadError(f"prompt file {path} is not UTF-8 text") from None
-    prompts: list[str] = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = msgspec.json.decode(line)
-        except msgspec.DecodeError as e:
-            raise WorkloadError(f"{path}:{n}: not JSON ({e})") from None
-        prompt = _prompt_of(item)
-        if prompt is None:
-            raise WorkloadError(
-                f'{path}:{n}: no prompt (expected "prompt", "text" or ShareGPT "conversations")'
-            )
-        prompts.append(prompt)
-    if not prompts:
-        raise WorkloadError(f"prompt file {path} has no prompts")
-    return prompts
-
-
-def _prompt_of(item: object) -> str | None:
-    if not isinstance(item, dict):
-        return item if isinstance(item, str) and item else None
-    for key in ("prompt", "text"):
-        if isinstance(item.get(key), str) and item[key]:
-            return item[key]
-    for turn in item.get("conversations") or []:
-        if isinstance(turn, dict) and turn.get("from") in ("human", "user"):
-            value = turn.get("value")
-            return value if isinstance(value, str) and value else None
-    return None
 
 
 class RequestFactory:
@@ -161,37 +130,122 @@ class RequestFactory:
         self.rng = random.Random(workload.seed * 1000 + worker_index)
         self.serial = 0
         self.worker_index = worker_index
-        self.prompts = load_prompts(workload.prompts_file) if workload.prompts_file else None
+        # a dataset file's prompts (a list, or text windows); None: synthetic
+        self.prompts = open_source(resolved(workload.dataset, workload.prompts_file),
+                                   worker_index, workload.seed)
+        # --tokenizer: words one token each (exact prompts), else a local tokenizer to cut
+        # prompts to length, else about one token a word (approx.); the local tokenizer also
+        # counts the tokens of each chunk when the server sends no per-chunk usage
+        self.words = workload.one_token_words or _VOCAB
+        self.tokenizer = load_tokenizer(workload.tokenizer) if workload.tokenizer else None
+        self.chunk_tokens = ChunkTokens(self.tokenizer) if self.tokenizer else None
         prefix_rng = random.Random(workload.seed)  # the same prefix in every worker
-        self.prefix = " ".join(prefix_rng.choices(_VOCAB, k=workload.shared_prefix))
+        self.prefix = " ".join(prefix_rng.choices(self.words, k=workload.shared_prefix))
         self._encode = msgspec.json.Encoder().encode
 
     def next(self) -> tuple[bytes, int]:
-        """(body, prompt word count) of the next request."""
+        """(body, the prompt's asked length: tokens with a tokenizer, else its words)."""
         w = self.w
         self.serial += 1
-        prompt = self._prompt()
-        body: dict = {"model": w.model, "max_tokens": w.output_tokens.draw(self.rng),
-                      "stream": True}
+        prompt, asked = self._prompt()
+        max_tokens = w.output_tokens.draw(self.rng)
+        body: dict = {"model": w.model, "max_tokens": max_tokens, "stream": True}
         options = {"include_usage": True}
         if w.continuous_usage:
             options["continuous_usage_stats"] = True
         body["stream_options"] = options
         if w.ignore_eos:
             body["ignore_eos"] = True
+            # and no stop before max_tokens where the server honours it (vLLM, SGLang): the
+            # output length is then exactly what was asked
+            body["min_tokens"] = max_tokens
         if w.api == "chat":
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
             body["prompt"] = prompt
-        return self._encode(body), len(prompt.split())
+        return self._encode(body), asked
 
-    def _prompt(self) -> str:
+    def _prompt(self) -> tuple[str, int]:
+        """The next prompt and its asked length (tokens by the tokenizer where there is one,
+        the chat template and special tokens not included; else its words)."""
+        if isinstance(self.prompts, TextWindows):  # real text, cut to the asked length
+            return self._window()
         if self.prompts is not None:
             i = (self.serial - 1 + self.worker_index * 9973) % len(self.prompts)
             text = self.prompts[i]
-            return f"{self.prefix} {text}" if self.prefix else text
+            text = f"{self.prefix} {text}" if self.prefix else text
+            return text, self._length(text)
         n = self.w.input_tokens.draw(self.rng)
+        if self.w.one_token_words:
+            return self._exact(n)
         words = [self.prefix] if self.prefix else []
         words.append(f"r{self.worker_index}-{self.serial}")
         words += self.rng.choices(_VOCAB, k=max(0, n - 1 - self.w.shared_prefix))
-        return " ".join(words)
+        text = " ".join(words)
+        if self.tokenizer is not None:
+            return self._trimmed(text, n)
+        return text, len(text.split())
+
+    def _window(self) -> tuple[str, int]:
+        """A text dataset's prompt: the shared prefix, this request's serial number (as in
+        synthetic prompts: prefix caching helps only as much as the prefix says), then the
+        file's next words, n in all; with a tokenizer, that cut to n tokens (text has more
+        tokens than words, so the cut is nearly always exact)."""
+        assert isinstance(self.prompts, TextWindows)
+        n = self.w.input_tokens.draw(self.rng)
+        head = f"{self.prefix} " if self.prefix else ""
+        text = self.prompts.window(n - 1 - self.w.shared_prefix)
+        text = f"{head}r{self.worker_index}-{self.serial} {text}".rstrip()
+        if self.tokenizer is not None:
+            return self._trimmed(text, n)
+        return text, len(text.split())
+
+    def _length(self, text: str) -> int:
+        if self.tokenizer is None:
+            return len(text.split())
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def _exact(self, n: int) -> tuple[str, int]:
+        """n one-token words: the shared prefix, this request's marker, then drawn words
+        (longer than n only where the prefix and the marker alone are)."""
+        marker = self._marker()
+        fill = max(0, n - self.w.shared_prefix - len(marker))
+        parts = [self.prefix] if self.prefix else []
+        parts += marker
+        parts += self.rng.choices(self.words, k=fill)
+        return " ".join(parts), self.w.shared_prefix + len(marker) + fill
+
+    def _marker(self) -> list[str]:
+        """This request's serial and this worker's index written in one-token words, so the
+        prompt's length needs no encoding: the serial least significant word first (so
+        consecutive requests part right after the shared prefix, which a prefix cache then
+        shares and no more), then the worker in two words (a fixed width keeps it unique)."""
+        words = self.words
+        base = len(words)
+        out = []
+        x = self.serial
+        while True:
+            x, d = divmod(x, base)
+            out.append(words[d])
+            if not x:
+                break
+        wi = self.worker_index % (base * base)
+        out += (words[wi // base], words[wi % base])
+        return out
+
+    def _trimmed(self, text: str, n: int) -> tuple[str, int]:
+        """`text` cut to n tokens by the local tokenizer, for one whose word counts do not
+        add up: its first n tokens decoded, counted again (a cut can merge anew), and cut
+        again while over. The length returned is the count of the text sent."""
+        tok = self.tokenizer
+        assert tok is not None
+        ids = tok.encode(text, add_special_tokens=False).ids
+        keep = n
+        got = len(ids)
+        for _ in range(4):  # bounded: a cut rarely moves the count by more than a token
+            text = tok.decode(ids[:keep])
+            got = len(tok.encode(text, add_special_tokens=False).ids)
+            if got <= n or keep <= 1:
+                break
+            keep -= got - n
+        return text, got

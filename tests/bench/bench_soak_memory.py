@@ -74,12 +74,30 @@ def _libc() -> ctypes.CDLL | None:
         libc = ctypes.CDLL(name) if name else None
         if libc is not None:
             libc.mallinfo2.restype = _Mallinfo2
+            libc.fopen.restype = ctypes.c_void_p
+            libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+            libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+            libc.fclose.argtypes = [ctypes.c_void_p]
         return libc
     except (OSError, AttributeError):  # not glibc, or a glibc before 2.33
         return None
 
 
 LIBC = _libc()
+
+
+def malloc_info(path: str) -> None:
+    """glibc's malloc_info(3) XML (free chunks by size, per arena) into `path`."""
+    if LIBC is None:
+        return
+    libc_file = LIBC.fopen(path.encode(), b"w")
+    LIBC.malloc_info(0, libc_file)
+    LIBC.fclose(libc_file)
+
+
+def heap_bytes() -> int:
+    """What glibc's heaps hold from the system (in use or not), mmapped blocks apart."""
+    return LIBC.mallinfo2().arena if LIBC is not None else 0
 
 
 def malloc_text() -> str:
@@ -93,6 +111,32 @@ def malloc_text() -> str:
             f"MB in {m.hblks}")
 
 
+def rss_by_mapping() -> dict[str, int]:
+    """Resident bytes by what is mapped (/proc/self/smaps): the brk heap, anonymous maps
+    (CPython's object arenas, thread arenas, large blocks), each file (libraries)."""
+    out: dict[str, int] = {}
+    name = "?"
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                first = line.split(maxsplit=1)[0]
+                if "-" in first and not first.endswith(":"):  # a mapping's header line
+                    parts = line.split()
+                    name = parts[5] if len(parts) > 5 else "[anon]"
+                elif first == "Rss:":
+                    out[name] = out.get(name, 0) + int(line.split()[1]) * 1024
+    except OSError:
+        return {}
+    return out
+
+
+def print_mapping_growth(before: dict[str, int], after: dict[str, int]) -> None:
+    diff = sorted(((after.get(k, 0) - before.get(k, 0), k) for k in set(before) | set(after)),
+                  reverse=True)
+    grown = [f"{Path(k).name} {d / 1e6:+.2f}" for d, k in diff if abs(d) >= 50_000]
+    print(f"RSS change by mapping (MB, ≥ 0.05): {', '.join(grown) or 'none'}")
+
+
 def print_growth(first: tracemalloc.Snapshot, last: tracemalloc.Snapshot, top: int) -> None:
     """The allocation sites that grew most between two points after the warm-up."""
     diff = last.compare_to(first, "traceback")
@@ -100,7 +144,8 @@ def print_growth(first: tracemalloc.Snapshot, last: tracemalloc.Snapshot, top: i
     print(f"tracemalloc: the {top} sites that grew most after the warm-up "
           f"(net {sum(d.size_diff for d in diff) / 1e3:+.1f} kB):")
     for d in diff[:top]:
-        frames = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in d.traceback)
+        frames = " <- ".join(f"{Path(f.filename).name}:{f.lineno}"
+                             for f in reversed(d.traceback))  # the allocating line first
         print(f"  {d.size_diff / 1e3:+9.1f} kB  {d.count_diff:+6d} blocks  {frames}")
 
 
@@ -118,6 +163,7 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
     samples: list[tuple[float, float]] = []
     workers: list[tuple[float, float]] = []
     traced: list[tuple[float, float]] = []
+    heap: list[tuple[float, float]] = []
     t0 = time.monotonic()
     start = time.time()
     compress = NOMINAL_TICK / args.tick
@@ -126,7 +172,10 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
     first_trace: tracemalloc.Snapshot | None = None
     last_trace: tracemalloc.Snapshot | None = None
     warm_malloc = end_malloc = ""
+    warm_maps: dict[str, int] = {}
+    end_maps: dict[str, int] = {}
     next_sample = t0
+    next_trim = t0 + args.trim_every if args.trim_every else float("inf")
     n = 0
     try:
         async for snap in coord.snapshots():
@@ -136,29 +185,40 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
             snap.t = start + (snap.t - start) * compress
             snap.interval *= compress
             recording.take(snap)
-            windows.add(snap)
-            watch.observe(snap, windows)
-            for name in ("10s", "1m", "10m", "run"):  # what a redraw asks for
-                windows.stats(name)
+            if not args.no_windows:
+                windows.add(snap)
+                watch.observe(snap, windows)
+                for name in ("10s", "1m", "10m", "run"):  # what a redraw asks for
+                    windows.stats(name)
             n += 1
             now = time.monotonic()
+            if now >= next_trim and LIBC is not None:
+                next_trim += args.trim_every
+                LIBC.malloc_trim(0)
             if now >= next_sample:
                 next_sample += 2.0
                 samples.append((now - t0, me.memory_info().rss))
                 kids = sum(c.memory_info().rss for c in me.children(recursive=True))
                 workers.append((now - t0, kids))
+                heap.append((now - t0, heap_bytes()))
                 if args.tracemalloc:
                     traced.append((now - t0, tracemalloc.get_traced_memory()[0]))
                     if first_trace is None and now - t0 >= warm_from:
                         first_trace = tracemalloc.take_snapshot()
                 if not warm_malloc and now - t0 >= warm_from:
                     warm_malloc = malloc_text()
+                    warm_maps = rss_by_mapping()
+                    if args.malloc_info:
+                        malloc_info(f"{args.malloc_info}.warm.xml")
                 if len(samples) % 15 == 0:
                     print(f"  {now - t0:6.0f} s  rss {samples[-1][1] / 1e6:7.1f} MB  "
                           f"workers {kids / 1e6:7.1f} MB  snapshots {n}  "
                           f"requests {snap.counters.requests_ok}", flush=True)
             if not end_malloc and snap.load.state != "running":  # the load's end, not the drain
                 end_malloc = malloc_text()
+                end_maps = rss_by_mapping()
+                if args.malloc_info:
+                    malloc_info(f"{args.malloc_info}.end.xml")
                 if first_trace is not None:
                     last_trace = tracemalloc.take_snapshot()
     finally:
@@ -180,8 +240,13 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
     print(f"consumer RSS slope over the last half ({half[0][0]:.0f} s on): {late:+.2f} MB per "
           f"real hour = {late / compress:+.2f} MB per hour of a {NOMINAL_TICK} s-tick run")
     print(f"load workers RSS slope after warm-up: {slope_mb_h(warm_w):+.2f} MB/hour")
+    warm_h = [s for s in heap if s[0] >= warm_from]
+    print(f"malloc heap slope after warm-up: {slope_mb_h(warm_h) / compress:+.2f} MB per hour "
+          f"of a {NOMINAL_TICK} s-tick run; last half "
+          f"{slope_mb_h(warm_h[len(warm_h) // 2:]) / compress:+.2f}")
     print(f"malloc after warm-up: {warm_malloc}")
     print(f"malloc at the end:    {end_malloc}")
+    print_mapping_growth(warm_maps, end_maps)
     if args.tracemalloc:
         warm_t = [s for s in traced if s[0] >= warm_from]
         print(f"tracemalloc: traced {warm_t[0][1] / 1e6:.1f} → {warm_t[-1][1] / 1e6:.1f} MB, "
@@ -206,12 +271,20 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--no-record", action="store_true")
+    p.add_argument("--no-windows", action="store_true",
+                   help="leave the windows and the watch out (to tell their share)")
     p.add_argument("--tracemalloc", action="store_true",
                    help="trace Python allocations (slower): the traced total's slope, and the "
                    "sites that grew most between the warm-up's end and the load's end")
     p.add_argument("--frames", type=int, default=4, help="traceback depth for --tracemalloc")
     p.add_argument("--top", type=int, default=15, help="sites printed by --tracemalloc")
+    p.add_argument("--malloc-info", metavar="PREFIX",
+                   help="write glibc's malloc_info XML after the warm-up and at the end")
+    p.add_argument("--mmap-threshold", type=int, help="experiment: mallopt(M_MMAP_THRESHOLD)")
+    p.add_argument("--trim-every", type=float, help="experiment: malloc_trim(0) this often (s)")
     args = p.parse_args()
+    if args.mmap_threshold and LIBC is not None:
+        LIBC.mallopt(-3, args.mmap_threshold)  # M_MMAP_THRESHOLD; fixed: no dynamic rise
     if args.tracemalloc:
         tracemalloc.start(args.frames)
     if args.minutes:

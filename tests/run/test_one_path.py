@@ -75,8 +75,10 @@ async def test_agent_resume_continues_the_same_run(sim, tmp_path):
     dead = resumed_at.t - resumed_at.interval - first[-1].t
     assert dead > 0.3  # a new process started in between
     s = json.loads(summary.read_text())
-    # … up to where the resumed run's drain began (the drain is reported apart)
-    load_end = [x for x in every if x.load.state not in ("draining", "stopped")][-1]
+    # … up to where the resumed run's drain began (the drain is reported apart): the tick in
+    # which the stop came, the first draining one, still measured load
+    last = max(i for i, x in enumerate(every) if x.load.state not in ("draining", "stopped"))
+    load_end = every[min(last + 1, len(every) - 1)]
     assert s["duration_s"] == pytest.approx(load_end.elapsed, abs=0.05)
     assert s["throughput"]["output_tok_s"] == pytest.approx(
         load_end.counters.output_tokens / s["duration_s"], rel=0.01)

@@ -173,12 +173,22 @@ def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
     k.add_argument("--output-tokens", default="128", help="max_tokens, same forms")
     k.add_argument("--shared-prefix", type=whole(0), default=0,
                    help="words every prompt shares at the start (prefix-cache studies)")
-    k.add_argument("--prompts", dest="prompts_file",
-                   help="JSONL prompts ({\"prompt\": …} or ShareGPT conversations)")
+    k.add_argument("--dataset", metavar="KIND[:FILE]",
+                   help="where prompts come from: synthetic (default); text:FILE (windows of "
+                   "--input-tokens words cut from any raw text); sharegpt:FILE (the first "
+                   "human turns, JSON array or JSONL); jsonl:FILE (one prompt a line)")
+    k.add_argument("--prompts", "--prompts-file", dest="prompts_file", metavar="FILE",
+                   help="JSONL prompts ({\"prompt\": …} or ShareGPT conversations): the same "
+                   "as --dataset jsonl:FILE")
     k.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="let the model stop early (default: ask for exactly max_tokens)")
     k.add_argument("--no-continuous-usage", dest="continuous_usage", action="store_false",
                    help="do not ask for usage on every chunk (for servers that reject it)")
+    k.add_argument("--tokenizer", default="auto", metavar="PATH|server|auto|none",
+                   help="exact token lengths: PATH, a local tokenizer.json or a model folder "
+                   "holding one (read offline; also counts the tokens of each chunk when the "
+                   "server sends no per-chunk usage); server: the target's /tokenize; auto "
+                   "(default): the server's when it has one; none: about one token a word")
 
 
 def _add_limit_arguments(p: argparse.ArgumentParser) -> None:
@@ -227,9 +237,11 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     flags = _sim_flags(args)
     cfg = RunConfig(**values, sim=_embedded_sim(flags), sim_flags=flags)
     try:
-        cfg.parsed()
+        dataset = cfg.parsed().dataset
     except ConfigError as e:
         fail(str(e))
+    if dataset.note:  # said once, here (the run's "run started" event has it too)
+        print(f"tokentop: note: {dataset.path}: {dataset.note}", file=sys.stderr)
     return cfg
 
 
@@ -339,6 +351,9 @@ def _add_model_arguments(g: argparse._ArgumentGroup) -> None:
         "exact-timing mode: 1..N tokens a chunk, drawn per chunk (seeded)")
     opt("--chat-template-tokens", "chat_template_tokens", int,
         "tokens a chat template adds to every chat prompt's count")
+    opt("--tokenizer", "tokenizer", str,
+        "a local tokenizer.json (or a folder holding one): prompts counted with it, words "
+        "written one token each in it, POST /tokenize served")
     opt("--metrics-dialect", "metrics_dialect", str, "the /metrics names to speak",
         choices=DIALECTS)
     opt("--gpu-name", "gpu_name", str, "the simulated GPU's name")
@@ -392,7 +407,12 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
         for f in fields(FaultConfig)
         if getattr(args, "fault_" + f.name, None) is not None
     })
-    return SimConfig(**values)
+    cfg = SimConfig(**values)
+    if cfg.tokenizer is not None:
+        from loadgen.sim.server import SimTokenizer
+
+        SimTokenizer(cfg.tokenizer)  # loads it and picks its words now: ValueError in words
+    return cfg
 
 
 class _FlagError(ValueError):

@@ -52,13 +52,14 @@ def rate_rows(stats: Mapping[str, WindowStats], windows: list[str], goodput: boo
     return rows
 
 
-def prompt_row(run: WindowStats | None) -> list[str]:
+def prompt_row(run: WindowStats | None, lengths: str | None = None) -> list[str]:
     """Prompt tokens a request as the server counted them, beside the asked length (a chat
     template adds tokens the asked length does not have); only when the server counts."""
     if run is None or run.input_per_request is None or run.input_asked_per_request is None:
         return []
     server, asked = run.input_per_request, run.input_asked_per_request
-    text = f"{server:,.0f}/req · asked {asked:,.0f}"
+    approx = " approx." if lengths == "approx" else ""  # no tokenizer: ~one token a word
+    text = f"{server:,.0f}/req · asked {asked:,.0f}{approx}"
     if run.input_differs:
         text = f"[$warning]{text} ({(server - asked) / asked:+.0%})[/]"
     return [f"[{MUTED}]{'prompt'.ljust(LABEL_W)}[/]{text}"]
@@ -94,7 +95,7 @@ class ThroughputPanel(Panel):
         compact = not (wide and self._tall())
         lines += total_rows(view.snap.counters, compact)
         if not compact:
-            lines += prompt_row(view.stats.get("run"))
+            lines += prompt_row(view.stats.get("run"), view.snap.target.lengths)
         return self.TITLE, "\n".join(lines)
 
     def show_extra(self, view: View, width: int) -> None:
