@@ -15,7 +15,7 @@ from loadgen.model.snapshot import Counters, Snapshot
 from loadgen.model.windows import SnapshotWindows
 
 # the only latencies the console summarises each redraw (the rest cost CPU for nothing)
-SHOWN_METRICS = ("ttft", "itl", "tpot", "e2e")
+SHOWN_METRICS = ("ttft", "ttfa", "itl", "tpot", "e2e")  # ttfa: reasoning models only
 
 BUCKET_S = 2.0
 KEEP = 300  # buckets: 10 minutes at 2 s

@@ -129,7 +129,7 @@ def summary_lines(r: dict) -> list[str]:
     if (r.get("manifest") or {}).get("recording_stopped"):
         lines.insert(1, f"  recording stopped early: {r['manifest']['recording_stopped']}")
     lat = r["latency_ms"]
-    for m in ("ttft", "itl"):
+    for m in ("ttft", "ttfa", "itl"):  # ttfa: reasoning models only (no samples otherwise)
         s = lat.get(m) or {}
         if s.get("count"):
             lines.append(f"  {m.upper():4} p50 {_ms(s['p50'])}  p99 {_ms(s['p99'])}  "

@@ -53,7 +53,7 @@ from loadgen.model.outage import Outage as TrackedOutage
 from loadgen.model.slo import Slos, evaluate_thresholds, rates_from
 from loadgen.model.snapshot import Counters, Snapshot
 
-RUN_METRICS = ("ttft", "itl", "tpot", "e2e")  # whole-run summaries and thresholds
+RUN_METRICS = ("ttft", "ttfa", "itl", "tpot", "e2e")  # whole-run summaries and thresholds
 # info-level events a report still lists: what was done to the run, and the derived facts
 KEPT_INFO_EVENTS = ("run", "resume", "operator", "record", "recording", "slo", "gpu")
 TICK_METRICS = ("ttft", "itl")  # per-tick percentiles: drift, long tail, plots

@@ -38,9 +38,10 @@ SNAPSHOT_VERSION = 1
 # Latency metrics carried in `Snapshot.hist` (all in µs). Definitions: README, "What is measured".
 # lag, ttft_co and e2e_co exist in open loop only (intended send time); ttft_err and
 # itl_err in calibration only (|measured − true|); connect only for requests that had to
-# open a connection. A metric with no samples is left out.
+# open a connection; ttfa (time to the first answer token) only for streams that began by
+# reasoning. A metric with no samples is left out.
 METRICS = ("ttft", "itl", "tpot", "e2e", "icl", "lag", "ttft_co", "e2e_co", "ttft_err", "itl_err",
-           "connect")
+           "connect", "ttfa")
 
 class Target(msgspec.Struct, kw_only=True):
     url: str  # base URL of the OpenAI API, e.g. http://127.0.0.1:8000/v1
@@ -97,6 +98,13 @@ class Counters(msgspec.Struct, kw_only=True):
     estimated_itl_tokens: int = 0
     # latency samples above the histogram's range (1 h), recorded at its top
     clipped_samples: int = 0
+    # reasoning models, over the completed requests that reasoned: their output tokens split
+    # into reasoning and answer (usage.completion_tokens_details where the server gives it,
+    # else counted from the reasoning-only chunks: those are also in estimated_reasoning_tokens)
+    reasoning_requests: int = 0
+    reasoning_tokens: int = 0
+    answer_tokens: int = 0
+    estimated_reasoning_tokens: int = 0
     errors: dict[str, int] = msgspec.field(default_factory=dict)
 
     def add(self, other: Counters) -> None:

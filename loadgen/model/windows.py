@@ -118,6 +118,9 @@ class WindowStats:
     # requests (those whose server reported its count); None where none reported one
     input_per_request: float | None = None
     input_asked_per_request: float | None = None
+    # everything counted in the window (the difference of the cumulative counters), for the
+    # figures no field above names; None while the window covers no time
+    counters: Counters | None = None
 
     @property
     def input_differs(self) -> bool:
@@ -259,6 +262,7 @@ def _rates(start, end) -> dict:
         completed_output_tokens=b.completed_output_tokens - a.completed_output_tokens,
         itl_estimated=b.estimated_itl_tokens > a.estimated_itl_tokens,
         clipped_samples=b.clipped_samples - a.clipped_samples,
+        counters=b.since(a),
         **_input_per_request(a, b),
     )
 

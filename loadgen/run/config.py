@@ -20,6 +20,7 @@ from loadgen.sim.model import SimConfig
 from loadgen.worker.dataset import Dataset, DatasetError, check, longest_words
 from loadgen.worker.load import Arrivals
 from loadgen.worker.tokenizer import TOKENIZER_CHOICES, Lengths, TokenizerError, load_tokenizer
+from loadgen.worker.trace import TraceError, read_trace
 from loadgen.worker.wire import Cancelling, LoadSpec
 from loadgen.worker.workload import LengthDist, Workload, WorkloadError
 
@@ -63,6 +64,10 @@ class RunConfig(msgspec.Struct, kw_only=True):
     burstiness: float = 1.0  # gamma shape
     max_in_flight: int | None = None  # open loop cap
     ramp: str | None = None  # see loadgen.run.ramp
+    # replay a request trace (loadgen.worker.trace): open loop at its times / trace_speed,
+    # each request its entry's lengths; the run stops when the trace is done
+    trace: str | None = None
+    trace_speed: float = 1.0
     auto_ramp: bool = False  # start climbing at once (the console's `a` key does it later)
     auto_ramp_hold: float = 10.0  # measured seconds per auto-ramp step
     auto_ramp_warmup: float = 3.0  # unmeasured seconds per auto-ramp step
@@ -114,7 +119,9 @@ class RunConfig(msgspec.Struct, kw_only=True):
 
     def load_spec(self) -> LoadSpec:
         return LoadSpec(
-            mode=self.mode,
+            mode="open" if self.trace else self.mode,
+            trace=self.trace is not None,
+            trace_speed=self.trace_speed,
             concurrency=self.concurrency,
             rate=self.rate,
             arrival=self.arrival,
@@ -131,6 +138,7 @@ class Parsed:
     slos: Slos
     cancelling: Cancelling
     dataset: Dataset  # checked, with its note (what to say once)
+    trace_span: float | None = None  # --trace: seconds from its first request to its last
 
     @property
     def slo(self) -> Slo | None:
@@ -174,7 +182,29 @@ def _parse(cfg: RunConfig) -> Parsed:
                         window_words=longest_words(inp) - 1 - cfg.shared_prefix)
     except (WorkloadError, DatasetError, RampError, SloError, TokenizerError) as e:
         raise ConfigError(str(e)) from None
-    return Parsed(inp, out, ramp, slos, cancelling, dataset)
+    return Parsed(inp, out, ramp, slos, cancelling, dataset, _trace_span(cfg))
+
+
+def _trace_span(cfg: RunConfig) -> float | None:
+    """--trace read through now (a broken one fails here, naming its line), and refused
+    with the flags whose load it would replace."""
+    if cfg.trace is None:
+        return None
+    conflicts = [
+        (cfg.trace_speed > 0, "--trace-speed must be more than 0"),
+        (cfg.ramp is None and not cfg.auto_ramp, "--trace sets the load: no --ramp or --auto-ramp"),
+        (cfg.rate == 1.0 and cfg.arrival == "poisson" and cfg.burstiness == 1.0,
+         "--trace sets the arrivals: no --rate, --arrival or --burstiness"),
+        (cfg.dataset == "synthetic" and cfg.prompts_file is None,
+         "--trace sets the lengths of synthetic prompts: no --dataset or --prompts"),
+    ]
+    for ok, message in conflicts:
+        if not ok:
+            raise ConfigError(message)
+    try:
+        return read_trace(cfg.trace).span
+    except TraceError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_choices(cfg: RunConfig) -> None:

@@ -59,6 +59,7 @@ PROBE_PERIOD_S = 1.0
 ERROR_EVENT_EVERY_S = 5.0  # one event per error kind at most this often, with the count
 ERROR_RATE_WINDOW_S = 10.0  # --stop-error-rate looks this far back …
 ERROR_RATE_MIN_REQUESTS = 20  # … and needs at least this many requests to judge
+TRACE_MARGIN_S = 0.3  # a trace's last entry is sent and counted in flight by then
 LAG_WARN_MS = 5.0  # event-loop lag that starts to show in latencies
 
 
@@ -204,6 +205,7 @@ class Coordinator:
                 max_requests=None if cfg.max_requests is None
                 else cfg.max_requests // n + (1 if i < cfg.max_requests % n else 0),
                 calibrate=cfg.calibrate, authorization=self.secrets.authorization(),
+                trace=cfg.trace,
             )
             for i in range(n)
         ]
@@ -278,6 +280,10 @@ class Coordinator:
         s = self.spec
         if s.mode == "closed":
             return f"{s.concurrency} streams (closed loop)"
+        if s.trace:
+            span = self.parsed.trace_span or 0.0
+            return (f"trace {self.cfg.trace} at {s.trace_speed:g}× ({span / s.trace_speed:.0f} s, "
+                    "open loop)")
         shape = f" k={s.shape:g}" if s.arrival == "gamma" else ""
         cap = f", at most {s.max_in_flight} in flight" if s.max_in_flight else ""
         return f"{s.rate:g} req/s {s.arrival}{shape} (open loop{cap})"
@@ -366,7 +372,19 @@ class Coordinator:
                         f"{cfg.stop_error_rate:g}")
         if self.pool.workers and self.pool.alive == 0:
             return "every load worker has exited"
+        if self._trace_done():
+            return "trace done"
         return None
+
+    def _trace_done(self) -> bool:
+        """--trace: past its last entry's time (and a margin for the worker that sends it)
+        with nothing left waiting or in flight."""
+        span = self.parsed.trace_span
+        if span is None or self.state != "running":
+            return False
+        margin = TRACE_MARGIN_S * self.cfg.trace_speed
+        past = self.pool.trace_time(time.perf_counter()) >= span + margin
+        return past and not any(self._backlog.values()) and not any(self._in_flight.values())
 
     def _begin_drain(self) -> None:
         self.state = "draining"

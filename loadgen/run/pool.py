@@ -101,6 +101,11 @@ class WorkerPool:
         self._epoch = 0.0  # perf_counter() of the running schedule's start
         self._paused = False
         self._request_limit: int | None = None  # --requests, over all the workers
+        # --trace: the trace time the running schedule's epoch stands for, and that time
+        # frozen over a pause (what the workers keep too: loadgen.worker.load)
+        self._trace_base = 0.0
+        self._trace_frozen: float | None = None
+        self._trace_started = False
 
     async def start(self, configure: list[wire.Configure], env: dict[str, str]) -> None:
         if all(cfg.max_requests is not None for cfg in configure):
@@ -133,12 +138,32 @@ class WorkerPool:
         schedule = self._schedule_of(spec)
         if schedule != self._schedule:
             self._schedule = schedule
-            self._epoch = perf_counter() + START_LEAD_S
+            self._new_epoch(perf_counter() + START_LEAD_S)
         self._send_load()
+
+    def _new_epoch(self, epoch: float) -> None:
+        if self.spec.trace:
+            if self._trace_frozen is not None:
+                self._trace_base = self._trace_frozen
+            elif self._trace_started:
+                self._trace_base = self.trace_time(epoch)
+            self._trace_frozen = None
+            self._trace_started = True
+        self._epoch = epoch
+
+    def trace_time(self, now: float) -> float:
+        """How far into the trace (its own seconds) the replay is at perf_counter() `now`."""
+        if self._trace_frozen is not None:
+            return self._trace_frozen
+        if not self._trace_started:
+            return 0.0
+        return self._trace_base + max(0.0, now - self._epoch) * self.spec.trace_speed
 
     def _schedule_of(self, spec: wire.LoadSpec) -> tuple | None:
         if spec.mode != "open":
             return None
+        if spec.trace:  # a trace's schedule is its own: a rate change leaves it alone
+            return ("trace", spec.trace_speed, self._sender(spec))
         return (spec.rate, spec.arrival, spec.shape, self._sender(spec))
 
     def _sender(self, spec: wire.LoadSpec) -> int | None:
@@ -162,7 +187,7 @@ class WorkerPool:
             if sender is None:
                 mine = msgspec.structs.replace(mine, share=i, of=n)
             elif i != sender:
-                mine = msgspec.structs.replace(mine, rate=0.0)
+                mine = msgspec.structs.replace(mine, rate=0.0, trace=False)
             w.send(wire.SetLoad(mine))
 
     def pause(self, paused: bool) -> None:
@@ -173,8 +198,10 @@ class WorkerPool:
             return
         self._paused = paused
         now = perf_counter()
-        if not paused:
-            self._epoch = now + START_LEAD_S
+        if paused:
+            self._trace_frozen = self.trace_time(now)
+        else:
+            self._new_epoch(now + START_LEAD_S)
             self._send_load()
         for w in self.workers:
             w.send(wire.Pause(paused, at=now))

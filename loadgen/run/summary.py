@@ -39,6 +39,8 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
     latency = {
         m: {k: (None if v is None else (v * MS if k != "count" else v)) for k, v in s.items()}
         for m, s in run.latency.items()
+        # TTFA exists for streams that reasoned only: absent, not an empty row, without them
+        if m != "ttfa" or s["count"]
     }
     return {
         "format": SUMMARY_FORMAT,
@@ -75,6 +77,8 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
             "per_user_tok_s": _per_user(run.latency.get("tpot")),
         },
         "latency_ms": latency,
+        # reasoning models: present only when some completed request reasoned
+        **_reasoning(run),
         # open loop: arrivals dropped from a full backlog were never sent, so the
         # intended-time percentiles (ttft_co, e2e_co) cannot hold them: this many are missing
         "co_dropped_arrivals": run.errors.get("client_backlog_full", 0)
@@ -97,6 +101,26 @@ def thresholds(cfg: RunConfig, windows: SnapshotWindows) -> list[dict]:
     rates = rates_from(run.requests_ok, run.requests_failed, round(good), run.output_tokens,
                        run.seconds)
     return evaluate_thresholds(slos.thresholds, run.latency, rates)
+
+
+def _reasoning(run: WindowStats) -> dict:
+    """{"reasoning": …} over the run window when requests in it reasoned, else {}."""
+    c = run.counters
+    if c is None or not c.reasoning_requests:
+        return {}
+    n = c.reasoning_requests
+    return {"reasoning": {
+        "requests": n,
+        "reasoning_tokens": c.reasoning_tokens,
+        "answer_tokens": c.answer_tokens,
+        "reasoning_per_request": round(c.reasoning_tokens / n, 1),
+        "answer_per_request": round(c.answer_tokens / n, 1),
+        # server: usage.completion_tokens_details; counted: from the reasoning-only chunks
+        # (estimated); mixed: some of each
+        "counted_by": ("server" if not c.estimated_reasoning_tokens else
+                       "counted" if c.estimated_reasoning_tokens == c.reasoning_tokens
+                       else "mixed"),
+    }}
 
 
 def _input_per_request(run: WindowStats) -> dict | None:

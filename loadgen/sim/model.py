@@ -59,6 +59,11 @@ class SimConfig:
     # Exact-timing mode: above 1, every chunk after the first carries 1..this many tokens,
     # drawn per chunk (seeded), in place of tokens_per_chunk: a server whose chunks vary
     exact_chunk_tokens_max: int = 1
+    # a reasoning model: the first N generated tokens of every chat request are streamed as
+    # `delta.reasoning_content`, the rest as `content`, and usage says
+    # `completion_tokens_details.reasoning_tokens` (completions stream plain text: that API
+    # has no reasoning field). 0: no reasoning.
+    reasoning_tokens: int = 0
     # tokens a chat template adds to every chat prompt, as real servers count them
     # (llama.cpp's default template adds about 14)
     chat_template_tokens: int = 0
@@ -98,7 +103,8 @@ class SimConfig:
             raise ValueError("exact timings must not be negative")
         if self.metrics_dialect not in DIALECTS:
             raise ValueError(f"metrics_dialect must be one of {', '.join(DIALECTS)}")
-        for name in ("step_overhead_ms", "decode_ms_per_seq", "prefill_ms_per_token"):
+        for name in ("step_overhead_ms", "decode_ms_per_seq", "prefill_ms_per_token",
+                     "reasoning_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
 

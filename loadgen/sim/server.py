@@ -299,6 +299,10 @@ class ChunkWriter:
         self.tails = table.chat_tails if chat else table.text_tails
         self.rest = _CHAT_REST if chat else _TEXT_REST
         self.multi = False  # k tokens in one chunk (tokens_per_chunk > 1)
+        # a reasoning model (chat only): tokens 0..reasoning-1 go as delta.reasoning_content
+        self.reasoning = 0
+        self.think_open = b'{"index":0,"delta":{"reasoning_content":"'
+        self.think_head = self.prefix + self.think_open
 
     def role(self) -> bytes:
         return self._with_usage(
@@ -308,13 +312,22 @@ class ChunkWriter:
         )
 
     def tokens(self, start: int, end: int) -> bytes:
-        """Chunks for tokens start..end-1: one token each, or all in one chunk if multi."""
+        """Chunks for tokens start..end-1: one token each, or all in one chunk if multi.
+        Reasoning tokens and answer tokens never share a chunk (as a reasoning parser
+        splits them)."""
+        r = self.reasoning
+        if start < r < end:
+            return self._tokens(start, r, True) + self._tokens(r, end, False)
+        return self._tokens(start, end, start < r)
+
+    def _tokens(self, start: int, end: int, think: bool) -> bytes:
         seq = self.seq
         if self.multi and end - start > 1:
             return self.one_chunk(start, end)
         if self.req.continuous_usage:
             return b"".join(self._usage_token(k) for k in range(start, end))
-        head, tails, offset, mask = self.head, self.tails, seq.offset, self.mask
+        head = self.think_head if think else self.head
+        tails, offset, mask = self.tails, seq.offset, self.mask
         if end - start == 1:
             return head + tails[(offset + start) & mask]
         return b"".join(head + tails[(offset + k) & mask] for k in range(start, end))
@@ -323,7 +336,8 @@ class ChunkWriter:
         """One chunk carrying tokens start..end-1."""
         offset, words, mask = self.seq.offset, self.words, self.mask
         text = b"".join(words[(offset + k) & mask] for k in range(start, end))
-        return self._with_usage(self.open_text + text + self.rest, end)
+        opening = self.think_open if start < self.reasoning else self.open_text
+        return self._with_usage(opening + text + self.rest, end)
 
     def empty(self, completion: int) -> bytes:
         """A chunk with no choices at all (the empty_choices fault)."""
@@ -350,7 +364,8 @@ class ChunkWriter:
     def _usage_token(self, k: int) -> bytes:
         word = self.words[(self.seq.offset + k) & self.mask]
         if self.chat:
-            choice = b'{"index":0,"delta":{"content":"' + word + _CHAT_REST
+            choice = (self.think_open if k < self.reasoning else
+                      b'{"index":0,"delta":{"content":"') + word + _CHAT_REST
         else:
             choice = b'{"index":0,"text":"' + word + _TEXT_REST
         return self._with_usage(choice, k + 1)
@@ -374,11 +389,15 @@ class ChunkWriter:
 
     def _usage(self, completion: int) -> bytes:
         prompt = self.seq.prompt_tokens
-        return b',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}' % (
+        usage = b',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d' % (
             prompt,
             completion,
             prompt + completion,
         )
+        if self.reasoning:  # as OpenAI reports a reasoning model's share of the completion
+            usage += b',"completion_tokens_details":{"reasoning_tokens":%d}' % min(
+                completion, self.reasoning)
+        return usage + b"}"
 
 
 def completion_text(seq: Sequence, table: WordTable = PLAIN_WORDS) -> str:
@@ -523,6 +542,7 @@ class SimServer:
     def _writer(self, req: CompletionRequest, seq: Sequence, *, chat: bool) -> ChunkWriter:
         writer = ChunkWriter(req, seq, chat=chat, model=self.cfg.model_name, table=self.words)
         writer.multi = self.cfg.tokens_per_chunk > 1
+        writer.reasoning = self.cfg.reasoning_tokens if chat else 0
         return writer
 
     async def _stream(

@@ -33,7 +33,8 @@ class SparseHist(msgspec.Struct, array_like=True):
 class IntervalRecorder:
     __slots__ = (
         "chunk_tokens", "connect", "counters", "e2e", "e2e_co", "icl", "itl_err", "itl_v",
-        "itl_w", "lag", "last_errors", "tpot", "ttft", "ttft_co", "ttft_err", "usage_tokens",
+        "itl_w", "lag", "last_errors", "tpot", "ttfa", "ttft", "ttft_co", "ttft_err",
+        "usage_tokens",
     )
 
     def __init__(self) -> None:
@@ -41,6 +42,7 @@ class IntervalRecorder:
 
     def _clear(self) -> None:
         self.ttft = array("d")
+        self.ttfa = array("d")  # reasoning streams only: to the first answer token
         self.e2e = array("d")
         self.tpot = array("d")
         self.icl = array("d")
@@ -85,7 +87,7 @@ class IntervalRecorder:
         return counters, hists, errors
 
 
-_PLAIN = ("ttft", "e2e", "tpot", "icl", "lag", "ttft_co", "e2e_co", "ttft_err", "itl_err",
+_PLAIN = ("ttft", "ttfa", "e2e", "tpot", "icl", "lag", "ttft_co", "e2e_co", "ttft_err", "itl_err",
           "connect")
 
 

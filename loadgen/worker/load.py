@@ -29,6 +29,12 @@ server's, so it is not latency). A rate or mode change while paused is kept
 and takes effect at resume, which starts a fresh schedule; nothing is sent
 while paused. Paused closed-loop users finish their request and wait, also
 the users a concurrency change adds while paused.
+
+A trace (--trace, loadgen.worker.trace) takes the arrival process's place: the schedule's
+times are the trace's offsets / speed from the epoch, worker i of n sends entries i, i + n …,
+each with its entry's lengths. A trace is replayed once: a new schedule (a resume, a new
+placement) goes on from the trace time its epoch stands for (frozen over a pause), never from
+the trace's start.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from time import perf_counter
+
+from loadgen.worker.trace import Trace
 
 
 class Arrivals:
@@ -143,6 +151,7 @@ class Schedule:
     epoch: float  # perf_counter() (CLOCK_MONOTONIC, one clock for the host) of the start
     share: int = 0
     of: int = 1
+    trace_speed: float = 0.0  # > 0: the worker's trace at this speed, not the process above
 
 
 class OpenLoop:
@@ -158,7 +167,7 @@ class OpenLoop:
 
     def __init__(
         self,
-        send_at: Callable[[float], Awaitable[bool]],
+        send_at: Callable[[float, int], Awaitable[bool]],
         seed: int,
         on_overflow: Callable[[], None],
     ) -> None:
@@ -168,7 +177,12 @@ class OpenLoop:
         self.schedule: Schedule | None = None  # None: no open-loop arrivals here
         self.cap: int | None = None
         self.in_flight = 0
-        self.backlog: deque[float] = deque()
+        # (intended send time, trace entry or -1)
+        self.backlog: deque[tuple[float, int]] = deque()
+        self.trace: Trace | None = None  # the whole trace (every worker holds it), if any
+        self._trace_next = -1  # the next trace entry this worker schedules (-1: not begun)
+        self._trace_clock: tuple[float, float, float] | None = None  # (epoch, base, speed)
+        self._trace_frozen: float | None = None  # trace time at the pause
         self._tasks: set[asyncio.Task] = set()
         self._scheduler: asyncio.Task | None = None
         self._paused_at: float | None = None
@@ -195,21 +209,55 @@ class OpenLoop:
             if self._paused_at is None:
                 self._paused_at = at
                 self._cancel_scheduler()
+                if self._trace_clock is not None:
+                    self._trace_frozen = self._trace_time(at)
             return
         if self._paused_at is None:
             return
         shift = max(0.0, at - self._paused_at)
         self._paused_at = None
         if shift and self.backlog:
-            self.backlog = deque(t + shift for t in self.backlog)
+            self.backlog = deque((t + shift, k) for t, k in self.backlog)
         self._restart()
         self._release()
 
     def _restart(self) -> None:
         self._cancel_scheduler()
         s = self.schedule
-        if s is not None and s.rate > 0 and not self.paused and not self._stopping:
+        if s is None or self.paused or self._stopping:
+            return
+        if s.trace_speed > 0 and self.trace is not None:
+            self._scheduler = asyncio.create_task(self._replay(s, self.trace))
+        elif s.rate > 0 and s.trace_speed <= 0:
             self._scheduler = asyncio.create_task(self._schedule(s))
+
+    def _trace_time(self, at: float) -> float:
+        """The trace's own time (its offsets) at perf_counter() `at` of the running replay."""
+        assert self._trace_clock is not None
+        epoch, base, speed = self._trace_clock
+        return base + max(0.0, at - epoch) * speed
+
+    async def _replay(self, s: Schedule, trace: Trace) -> None:
+        """The trace's entries share, share + of … at epoch + (offset - base) / speed, where
+        base is the trace time the epoch stands for (0 at the first start)."""
+        if self._trace_frozen is not None:
+            base = self._trace_frozen
+        elif self._trace_clock is not None:
+            base = self._trace_time(s.epoch)
+        else:
+            base = 0.0
+        self._trace_frozen = None
+        self._trace_clock = (s.epoch, base, s.trace_speed)
+        if self._trace_next < 0:
+            self._trace_next = s.share
+        offsets = trace.offsets
+        while self._trace_next < len(offsets):
+            k = self._trace_next
+            t = s.epoch + (float(offsets[k]) - base) / s.trace_speed
+            delay = t - perf_counter()
+            await asyncio.sleep(delay if delay > 0 else 0)
+            self._trace_next = k + s.of
+            self._due(t, k)
 
     def _cancel_scheduler(self) -> None:
         if self._scheduler is not None:
@@ -234,10 +282,10 @@ class OpenLoop:
             else:
                 # behind the schedule: send at once, but let the sends already made run
                 await asyncio.sleep(0)
-            self._due(t)
+            self._due(t, -1)
 
-    def _due(self, t_intended: float) -> None:
-        self.backlog.append(t_intended)
+    def _due(self, t_intended: float, entry: int) -> None:
+        self.backlog.append((t_intended, entry))
         if len(self.backlog) > self.MAX_BACKLOG:
             self.backlog.popleft()
             self._on_overflow()
@@ -245,9 +293,9 @@ class OpenLoop:
 
     def _release(self) -> None:
         while self.backlog and (self.cap is None or self.in_flight < self.cap):
-            t_intended = self.backlog.popleft()
+            t_intended, entry = self.backlog.popleft()
             self.in_flight += 1
-            task = asyncio.create_task(self._send_at(t_intended))
+            task = asyncio.create_task(self._send_at(t_intended, entry))
             self._tasks.add(task)
             task.add_done_callback(self._done)
 

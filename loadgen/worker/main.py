@@ -22,6 +22,7 @@ from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.limits import raise_open_file_limit
 from loadgen.worker.load import ClosedLoop, OpenLoop, Schedule
 from loadgen.worker.sse import Chunk
+from loadgen.worker.trace import read_trace
 from loadgen.worker.workload import RequestFactory
 
 log = logging.getLogger("tokentop.worker")
@@ -67,6 +68,9 @@ class Worker:
         self.closed = ClosedLoop(self._send_one)
         # one seed for every worker: they all draw the same global arrival sequence
         self.open = OpenLoop(self._send_at, cfg.workload.seed, self._backlog_overflow)
+        # read now, before this worker answers that it is up: not while arrivals are due
+        self.trace = read_trace(cfg.trace) if cfg.trace else None
+        self.open.trace = self.trace
         self.spec = wire.LoadSpec()
 
     async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -81,7 +85,7 @@ class Worker:
     async def _send_one(self) -> bool:
         return await self._send_at(None)
 
-    async def _send_at(self, t_intended: float | None) -> bool:
+    async def _send_at(self, t_intended: float | None, entry: int = -1) -> bool:
         """One request; False when the server could not be reached (the user backs off)."""
         limit = self.spec.max_requests
         if limit is None:
@@ -92,7 +96,11 @@ class Worker:
             self.open.set(None, self.open.cap)
             return True
         self.sent += 1
-        body, words = self.factory.next()
+        if entry >= 0 and self.trace is not None:  # a trace's entry: its own lengths
+            body, words = self.factory.sized(int(self.trace.inputs[entry]),
+                                             int(self.trace.outputs[entry]))
+        else:
+            body, words = self.factory.next()
         c = self.cfg.cancelling
         abandon = c.rate > 0 and self.rng.random() < c.rate
         return await self.client.request(
@@ -114,7 +122,8 @@ class Worker:
         else:
             self.closed.set_target(0)
             self.open.set(Schedule(rate=spec.rate, kind=spec.arrival, shape=spec.shape,
-                                   epoch=spec.epoch, share=spec.share, of=spec.of),
+                                   epoch=spec.epoch, share=spec.share, of=spec.of,
+                                   trace_speed=spec.trace_speed if spec.trace else 0.0),
                           spec.max_in_flight)
 
     # ---- the pipe -----------------------------------------------------------------------

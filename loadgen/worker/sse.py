@@ -82,9 +82,14 @@ class Choice(msgspec.Struct):
     finish_reason: str | None = None
 
 
+class CompletionDetails(msgspec.Struct):
+    reasoning_tokens: int | None = None  # of completion_tokens, those the model reasoned
+
+
 class Usage(msgspec.Struct):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    completion_tokens_details: CompletionDetails | None = None
 
 
 class ErrorBody(msgspec.Struct):
@@ -104,6 +109,18 @@ class Chunk(msgspec.Struct):
                 return True
             d = c.delta
             if d is not None and (d.content or d.reasoning_content or d.reasoning):
+                return True
+        return False
+
+    def has_answer(self) -> bool:
+        """True when this chunk carries answer text (content, or a completion's text), not
+        reasoning only. Called on the first text chunk and, in a stream that began by
+        reasoning, until the answer starts: never per chunk of a stream without reasoning."""
+        for c in self.choices:
+            if c.text:
+                return True
+            d = c.delta
+            if d is not None and d.content:
                 return True
         return False
 

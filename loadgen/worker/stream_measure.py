@@ -10,7 +10,12 @@ else. Metric definitions are the README's ("What is measured"):
   see StreamMeasure);
 * ICL: the raw gap between text-bearing chunks;
 * TPOT: (last token − first token) / (output tokens − 1), per request;
-* E2E: request sent → last text-bearing chunk.
+* E2E: request sent → last text-bearing chunk;
+* TTFA (reasoning models): request sent → first chunk with answer text (`content`, or a
+  completion's `text`) in a stream whose first text chunk was reasoning only
+  (`reasoning_content` / `reasoning`). TTFT stays the first text of any kind and ITL spans
+  both phases. A stream that does not begin by reasoning records no TTFA: it would be its
+  TTFT counted twice.
 
 In open loop the same request is also measured from its *intended* send time
 (coordinated-omission corrected, as wrk2 does): `ttft_co`, `e2e_co`, and the
@@ -60,6 +65,7 @@ class StreamMeasure:
     """
 
     __slots__ = (
+        "answer_at",
         "cancel_after_tokens",
         "chunks",
         "continuous",
@@ -74,6 +80,7 @@ class StreamMeasure:
         "lens",
         "parser",
         "prompt_words",
+        "reasoning_k",
         "rec",
         "seen",
         "sent_ns",
@@ -81,8 +88,10 @@ class StreamMeasure:
         "t0",
         "t0_wall_ns",
         "t_intended",
+        "thinking",
         "usage_in",
         "usage_out",
+        "usage_reasoning",
     )
 
     def __init__(
@@ -124,6 +133,13 @@ class StreamMeasure:
         self.done = False
         self.ended = False
         self.sent_ns: int | None = None
+        # reasoning: set by the first text chunk when it carries reasoning only, cleared by
+        # the first answer chunk; the only per-chunk cost a stream without reasoning pays is
+        # the test of this flag
+        self.thinking = False
+        self.reasoning_k = 0  # tokens of the reasoning-only chunks (counted, not the server's)
+        self.answer_at = 0  # index of the first answer chunk (0: none came after reasoning)
+        self.usage_reasoning: int | None = None  # usage.completion_tokens_details, if given
 
     def feed(self, data: bytes, now: float) -> bool:
         self.seen = now
@@ -180,6 +196,9 @@ class StreamMeasure:
                         k = 1
                 # else the final count (on a later chunk only): the end corrects by it
                 self.usage_out = out
+                details = usage.completion_tokens_details
+                if details is not None:
+                    self.usage_reasoning = details.reasoning_tokens
         if not size:
             return True
         rec = self.rec
@@ -204,6 +223,8 @@ class StreamMeasure:
                 rec.itl_err.append(abs(gap - true_gap))
         else:
             k = self._first(chunk, now, size, k)
+        if self.thinking:
+            self._reasoning(chunk, now, k)
         self.chunks += 1
         self.sent_ns = chunk.tokentop_sent_ns
         self.k_total += k
@@ -223,6 +244,8 @@ class StreamMeasure:
         self.counted = not self.continuous and self.count_tokens is not None
         if self.counted:
             k = size  # the tokenizer's count of this chunk
+        # once a request, not per chunk: does the stream begin by reasoning?
+        self.thinking = not chunk.has_answer()
         self.first = now
         ttft = (now - self.t0) * US
         rec.ttft.append(ttft)
@@ -238,6 +261,42 @@ class StreamMeasure:
             self.lens.append(size)
             rec.chunk_tokens += k
         return k
+
+    def _reasoning(self, chunk, now: float, k: int) -> None:
+        """A text chunk of a stream that began by reasoning, before its answer: a reasoning
+        chunk's k tokens count as reasoning; the first answer chunk gives the TTFA."""
+        if not chunk.has_answer():
+            self.reasoning_k += k
+            return
+        self.thinking = False
+        self.answer_at = self.chunks
+        self.rec.ttfa.append((now - self.t0) * US)
+
+    def _reasoning_tokens(self, out: int) -> tuple[int, bool] | None:
+        """(reasoning tokens of `out` output tokens, whether counted by us rather than the
+        server's completion_tokens_details); None: neither saw any reasoning."""
+        if self.usage_reasoning is not None:
+            return (min(self.usage_reasoning, out), False) if self.usage_reasoning else None
+        if not self.reasoning_k:
+            return None
+        if self.continuous or self.counted or self.usage_out is None or not self.lens:
+            return min(self.reasoning_k, out), True
+        # one a chunk, corrected by a final count: the reasoning chunks' share by text length
+        lens = np.frombuffer(self.lens, np.float64)
+        cut = self.answer_at or len(lens)
+        return min(out, round(out * float(lens[:cut].sum() / lens.sum()))), True
+
+    def _count_reasoning(self, out: int) -> None:
+        split = self._reasoning_tokens(out)
+        if split is None:
+            return
+        reasoning, counted = split
+        c = self.rec.counters
+        c.reasoning_requests += 1
+        c.reasoning_tokens += reasoning
+        c.answer_tokens += out - reasoning
+        if counted:
+            c.estimated_reasoning_tokens += reasoning
 
     def end(self) -> None:
         """The stream is over, however it ended: correct the token count by the usage if
@@ -290,6 +349,8 @@ class StreamMeasure:
         c.chunks += self.chunks
         out = self.usage_out if self.usage_out is not None else self.k_total
         c.completed_output_tokens += out
+        if self.reasoning_k or self.usage_reasoning:
+            self._count_reasoning(out)
         if self.usage_in is not None:
             c.input_tokens += self.usage_in
             c.input_tokens_asked += self.prompt_words

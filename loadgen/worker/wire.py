@@ -38,6 +38,10 @@ class LoadSpec(msgspec.Struct, kw_only=True):
     # --requests: this worker's part of the run's limit for the load's current placement
     # (a count of everything it has sent; the pool sets it); None: Configure.max_requests
     max_requests: int | None = None
+    # --trace: open-loop arrivals (and lengths) from the trace each worker read at start
+    # (Configure.trace) instead of `rate`/`arrival`, its time compressed by `trace_speed`
+    trace: bool = False
+    trace_speed: float = 1.0
 
 
 class Cancelling(msgspec.Struct, kw_only=True, frozen=True):
@@ -60,6 +64,7 @@ class Configure(msgspec.Struct, tag="configure", kw_only=True):
     calibrate: bool = False  # measure timing error against the exact-timing simulator
     # the target's Authorization header value (a secret: this pipe is the only way it travels)
     authorization: str | None = None
+    trace: str | None = None  # --trace FILE: read once at start (loadgen.worker.trace)
 
 
 class SetLoad(msgspec.Struct, tag="set_load"):

@@ -145,10 +145,19 @@ class RequestFactory:
 
     def next(self) -> tuple[bytes, int]:
         """(body, the prompt's asked length: tokens with a tokenizer, else its words)."""
-        w = self.w
         self.serial += 1
         prompt, asked = self._prompt()
-        max_tokens = w.output_tokens.draw(self.rng)
+        return self._body(prompt, self.w.output_tokens.draw(self.rng)), asked
+
+    def sized(self, n_in: int, n_out: int) -> tuple[bytes, int]:
+        """A request of given lengths (a trace's entry): a synthetic prompt of n_in tokens
+        (exact with a tokenizer, else words) asking for n_out; (body, asked length)."""
+        self.serial += 1
+        prompt, asked = self._synthetic(n_in)
+        return self._body(prompt, n_out), asked
+
+    def _body(self, prompt: str, max_tokens: int) -> bytes:
+        w = self.w
         body: dict = {"model": w.model, "max_tokens": max_tokens, "stream": True}
         options = {"include_usage": True}
         if w.continuous_usage:
@@ -163,7 +172,7 @@ class RequestFactory:
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
             body["prompt"] = prompt
-        return self._encode(body), asked
+        return self._encode(body)
 
     def _prompt(self) -> tuple[str, int]:
         """The next prompt and its asked length (tokens by the tokenizer where there is one,
@@ -175,7 +184,10 @@ class RequestFactory:
             text = self.prompts[i]
             text = f"{self.prefix} {text}" if self.prefix else text
             return text, self._length(text)
-        n = self.w.input_tokens.draw(self.rng)
+        return self._synthetic(self.w.input_tokens.draw(self.rng))
+
+    def _synthetic(self, n: int) -> tuple[str, int]:
+        """A synthetic prompt of n tokens (words without a tokenizer)."""
         if self.w.one_token_words:
             return self._exact(n)
         words = [self.prefix] if self.prefix else []

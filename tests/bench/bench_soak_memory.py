@@ -212,6 +212,7 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
                         malloc_info(f"{args.malloc_info}.warm.xml")
                 if len(samples) % 15 == 0:
                     print(f"  {now - t0:6.0f} s  rss {samples[-1][1] / 1e6:7.1f} MB  "
+                          f"heap {heap[-1][1] / 1e6:6.1f} MB  "
                           f"workers {kids / 1e6:7.1f} MB  snapshots {n}  "
                           f"requests {snap.counters.requests_ok}", flush=True)
             if not end_malloc and snap.load.state != "running":  # the load's end, not the drain

@@ -159,6 +159,12 @@ def _add_load_arguments(p: argparse.ArgumentParser) -> None:
                    help="gamma shape: < 1 burstier than Poisson, > 1 more regular")
     w.add_argument("--max-in-flight", type=whole(1),
                    help="open loop: cap on requests in flight; the rest wait in a backlog")
+    w.add_argument("--trace", metavar="FILE",
+                   help="replay a request trace (open loop): Mooncake JSONL, "
+                   "{\"t\": s, \"input_tokens\": n, \"output_tokens\": m} JSONL or Azure CSV; "
+                   "the run stops when it is done")
+    w.add_argument("--trace-speed", type=positive(float),
+                   help="--trace: play its time this many times faster (default 1)")
     w.add_argument("--ramp", help="linear:FROM:TO:SECONDS or step:START:STEP:SECONDS[:MAX]")
     w.add_argument("--auto-ramp", action="store_true",
                    help="double the streams while the --slo holds, settle at the boundary")
@@ -349,6 +355,8 @@ def _add_model_arguments(g: argparse._ArgumentGroup) -> None:
     opt("--exact-itl-ms", "exact_itl_ms", float, "exact-timing mode: every inter-token gap, ms")
     opt("--exact-chunk-tokens-max", "exact_chunk_tokens_max", int,
         "exact-timing mode: 1..N tokens a chunk, drawn per chunk (seeded)")
+    opt("--reasoning-tokens", "reasoning_tokens", int,
+        "a reasoning model: the first N tokens of each chat answer sent as reasoning_content")
     opt("--chat-template-tokens", "chat_template_tokens", int,
         "tokens a chat template adds to every chat prompt's count")
     opt("--tokenizer", "tokenizer", str,

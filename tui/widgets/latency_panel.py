@@ -18,6 +18,8 @@ from tui.widgets.chart import Chart
 from tui.widgets.panel import Panel
 
 ROWS = (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2E"))
+# a reasoning model's run: time to the first answer token joins, under TTFT
+REASONING_ROWS = (ROWS[0], ("ttfa", "TTFA"), *ROWS[1:])
 COLS = (("p50", "P50"), ("p90", "P90"), ("p99", "P99"), ("p99.9", "P99.9"), ("max", "max"))
 # with room to spare, the mean and the sample count join in
 WIDE_COLS = (*COLS, ("mean", "mean"))
@@ -63,7 +65,8 @@ def table(
     if wide:
         header += "n".rjust(COL_W)
     lines = [f"[{MUTED}]{header}[/]"]
-    for metric, label in ROWS:
+    ttfa = stats.latency.get("ttfa") if stats else None
+    for metric, label in REASONING_ROWS if ttfa and ttfa.get("count") else ROWS:
         summary = stats.latency.get(metric) if stats else None
         line = f"[b]{label.ljust(LABEL_W)}[/]" + "".join(
             cell(summary, metric, k, slos) for k, _ in cols
