@@ -111,6 +111,14 @@ def malloc_text() -> str:
             f"MB in {m.hblks}")
 
 
+def _anon_kind(span: str) -> str:
+    """An anonymous map: glibc's thread arenas start on a 64 MiB boundary; the rest is
+    CPython's object arenas, large (mmapped) blocks and stacks."""
+    if int(span.split("-")[0], 16) % (64 << 20) == 0:
+        return "[anon: glibc thread arenas]"
+    return "[anon]"
+
+
 def rss_by_mapping() -> dict[str, int]:
     """Resident bytes by what is mapped (/proc/self/smaps): the brk heap, anonymous maps
     (CPython's object arenas, thread arenas, large blocks), each file (libraries)."""
@@ -122,7 +130,7 @@ def rss_by_mapping() -> dict[str, int]:
                 first = line.split(maxsplit=1)[0]
                 if "-" in first and not first.endswith(":"):  # a mapping's header line
                     parts = line.split()
-                    name = parts[5] if len(parts) > 5 else "[anon]"
+                    name = parts[5] if len(parts) > 5 else _anon_kind(first)
                 elif first == "Rss:":
                     out[name] = out.get(name, 0) + int(line.split()[1]) * 1024
     except OSError:
