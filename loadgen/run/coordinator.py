@@ -42,6 +42,7 @@ from loadgen.model.snapshot import (
 from loadgen.run.auto_ramp import AutoRamp
 from loadgen.run.config import ConfigError, RunConfig, default_workers
 from loadgen.run.embedded_sim import EmbeddedSim, SimStartError
+from loadgen.run.heap import HeapTrimmer
 from loadgen.run.pool import WorkerPool
 from loadgen.run.preflight import TargetError, check_url, resolve_lengths, resolve_model
 from loadgen.run.resume import ResumeFrom
@@ -108,6 +109,7 @@ class Coordinator:
         # a tick's merged histograms, one kept array a metric: a fresh 184 KB one a metric a
         # tick fragments a long run's heap (whoever is handed them must copy what it keeps)
         self._tick_dense: dict[str, np.ndarray] = {}
+        self._heap = HeapTrimmer()  # a long run's freed C heap goes back to the system
 
     # ---- start -------------------------------------------------------------------------
 
@@ -324,6 +326,7 @@ class Coordinator:
             yield snap
             if self.state == "stopped":
                 return
+            self._heap.maybe_trim()  # between ticks, at most once a minute
             next_tick += tick
             if next_tick < time.monotonic():  # we fell behind: skip, do not burst
                 next_tick = time.monotonic() + tick

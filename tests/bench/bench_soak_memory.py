@@ -3,7 +3,8 @@
 Not a test: it prints figures and asserts nothing. Run it as
 
     python tests/bench/bench_soak_memory.py [--seconds 240 | --minutes 30] [--tick 0.05]
-                                            [--concurrency 64] [--no-record]
+                                            [--concurrency 64] [--no-record] [--no-windows]
+                                            [--no-trim] [--tracemalloc] [--malloc-info P]
 
 A simulator runs in its own process (`tokentop sim`, fast steps, many
 slots). This process is the consumer a long run has: the Coordinator (merging
@@ -16,6 +17,19 @@ the least-squares slope after the warm-up is the figure. Time is compressed for
 the windows: Snapshot times are scaled by 0.5 / tick, so the windows see a
 0.5 s-tick run and the 10-minute window is full after ~66 s (the warm-up).
 It also prints the recording's bytes per Snapshot and per hour at 2 Hz.
+
+Only the tick is compressed: the probes still sample once a real second. Growth driven
+by Snapshots shows in the "per hour of a 0.5 s-tick run" figure; growth driven by wall
+time (probes) would be the "per real hour" one, so that one is the bound to quote.
+
+To tell what grows: the slope over the last half apart from the whole (fill slows down,
+a leak does not); glibc's own figures (mallinfo2: heap size, in use, free) and RSS by
+mapping ([heap], anonymous maps, libraries) between the warm-up's end and the load's end;
+--tracemalloc for the Python-level total and the sites that grew most (RSS rising while
+that total is flat is the allocator: holes in the heap, not objects kept); --malloc-info
+for glibc's free chunks by size; --no-windows / --no-record to take parts out; --no-trim
+to run without the coordinator's periodic malloc_trim (loadgen.run.heap), for a before
+and after in one session.
 """
 
 from __future__ import annotations
@@ -43,9 +57,17 @@ from loadgen.model.windows import SnapshotWindows
 from loadgen.record.recorder import Recording
 from loadgen.run.config import RunConfig
 from loadgen.run.coordinator import Coordinator
+from loadgen.run.heap import HeapTrimmer
 from loadgen.run.watch import Watch
 
 NOMINAL_TICK = 0.5  # the default tick: 2 Snapshots a second
+
+
+def _rss(pid: int) -> int:
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except psutil.Error:
+        return 0
 
 
 def free_port() -> int:
@@ -162,6 +184,8 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
                     output_tokens="16", input_tokens="32", duration=args.seconds,
                     drain_grace=1.0, out=str(out))
     coord = Coordinator(cfg)
+    if args.no_trim:
+        coord._heap = HeapTrimmer(every_s=float("inf"))
     recording = Recording.open(config=msgspec.to_builtins(cfg), run_id=coord.run_id,
                                out=str(out), record=not args.no_record)
     await coord.start()
@@ -183,7 +207,6 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
     warm_maps: dict[str, int] = {}
     end_maps: dict[str, int] = {}
     next_sample = t0
-    next_trim = t0 + args.trim_every if args.trim_every else float("inf")
     n = 0
     try:
         async for snap in coord.snapshots():
@@ -200,13 +223,13 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
                     windows.stats(name)
             n += 1
             now = time.monotonic()
-            if now >= next_trim and LIBC is not None:
-                next_trim += args.trim_every
-                LIBC.malloc_trim(0)
             if now >= next_sample:
                 next_sample += 2.0
                 samples.append((now - t0, me.memory_info().rss))
-                kids = sum(c.memory_info().rss for c in me.children(recursive=True))
+                # the pool's own processes: not children(recursive=True), a walk over all of
+                # /proc (whose transient dicts would be this process' allocations too), which
+                # would also count the simulator
+                kids = sum(_rss(w.proc.pid) for w in coord.pool.workers)
                 workers.append((now - t0, kids))
                 heap.append((now - t0, heap_bytes()))
                 if args.tracemalloc:
@@ -254,7 +277,8 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
           f"of a {NOMINAL_TICK} s-tick run; last half "
           f"{slope_mb_h(warm_h[len(warm_h) // 2:]) / compress:+.2f}")
     print(f"malloc after warm-up: {warm_malloc}")
-    print(f"malloc at the end:    {end_malloc}")
+    print(f"malloc at the end:    {end_malloc}; the coordinator trimmed the heap "
+          f"{coord._heap.trims}×")
     print_mapping_growth(warm_maps, end_maps)
     if args.tracemalloc:
         warm_t = [s for s in traced if s[0] >= warm_from]
@@ -289,11 +313,9 @@ def main() -> int:
     p.add_argument("--top", type=int, default=15, help="sites printed by --tracemalloc")
     p.add_argument("--malloc-info", metavar="PREFIX",
                    help="write glibc's malloc_info XML after the warm-up and at the end")
-    p.add_argument("--mmap-threshold", type=int, help="experiment: mallopt(M_MMAP_THRESHOLD)")
-    p.add_argument("--trim-every", type=float, help="experiment: malloc_trim(0) this often (s)")
+    p.add_argument("--no-trim", action="store_true",
+                   help="without the coordinator's periodic malloc_trim (the figure before it)")
     args = p.parse_args()
-    if args.mmap_threshold and LIBC is not None:
-        LIBC.mallopt(-3, args.mmap_threshold)  # M_MMAP_THRESHOLD; fixed: no dynamic rise
     if args.tracemalloc:
         tracemalloc.start(args.frames)
     if args.minutes:
