@@ -62,6 +62,7 @@ ERROR_RATE_WINDOW_S = 10.0  # --stop-error-rate looks this far back …
 ERROR_RATE_MIN_REQUESTS = 20  # … and needs at least this many requests to judge
 TRACE_MARGIN_S = 0.3  # a trace's last entry is sent and counted in flight by then
 LAG_WARN_MS = 5.0  # event-loop lag that starts to show in latencies
+TICK_EARLY_S = 0.01
 
 
 class Coordinator:
@@ -359,7 +360,10 @@ class Coordinator:
     def _stop_due(self, elapsed: float) -> str | None:
         cfg = self.cfg
         measured = elapsed - (self._load_started if self._load_started is not None else elapsed)
-        if cfg.duration is not None and self._load_started is not None and measured >= cfg.duration:
+        # a tick's timer may fire a little early (uvloop's have millisecond resolution): a
+        # tick within TICK_EARLY_S of the duration is the one that reaches it
+        if (cfg.duration is not None and self._load_started is not None
+                and measured >= cfg.duration - TICK_EARLY_S):
             return f"duration of {cfg.duration:g} s reached"
         c = self.counters
         if cfg.max_requests is not None and c.requests_ok + c.requests_failed \
