@@ -76,6 +76,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Series:
+    """(t, value) samples in an array sized up front: appending allocates nothing that
+    stays, so the bench's own bookkeeping does not add to the RSS it measures (a list of
+    tuples grows ~0.2 MB per real hour a series at one sample every 2 s)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.data = np.zeros((capacity, 2))
+        self.n = 0
+
+    def append(self, point: tuple[float, float]) -> None:
+        if self.n < len(self.data):
+            self.data[self.n] = point
+            self.n += 1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[float, float]:
+        t, v = self.data[: self.n][i]
+        return float(t), float(v)
+
+    def __iter__(self):
+        return ((float(t), float(v)) for t, v in self.data[: self.n])
+
+
 def slope_mb_h(samples: list[tuple[float, float]]) -> float:
     if len(samples) < 2:
         return float("nan")
@@ -115,6 +140,20 @@ def malloc_info(path: str) -> None:
     libc_file = LIBC.fopen(path.encode(), b"w")
     LIBC.malloc_info(0, libc_file)
     LIBC.fclose(libc_file)
+
+
+def pymalloc_stats(path: str) -> None:
+    """CPython's object allocator (arenas, pools, blocks by size class) into `path`: it
+    writes to the C stderr, so that is pointed at the file meanwhile."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "w") as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def heap_bytes() -> int:
@@ -192,10 +231,8 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
     me = psutil.Process()
     windows = SnapshotWindows()
     watch = Watch(coord.parsed.slos)  # the session's derived events, as a real run has them
-    samples: list[tuple[float, float]] = []
-    workers: list[tuple[float, float]] = []
-    traced: list[tuple[float, float]] = []
-    heap: list[tuple[float, float]] = []
+    room = int(args.seconds / 2) + 600  # a sample every 2 s, the drain and some spare
+    samples, workers, traced, heap = Series(room), Series(room), Series(room), Series(room)
     t0 = time.monotonic()
     start = time.time()
     compress = NOMINAL_TICK / args.tick
@@ -241,6 +278,7 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
                     warm_maps = rss_by_mapping()
                     if args.malloc_info:
                         malloc_info(f"{args.malloc_info}.warm.xml")
+                        pymalloc_stats(f"{args.malloc_info}.warm.pymalloc.txt")
                 if len(samples) % 15 == 0:
                     print(f"  {now - t0:6.0f} s  rss {samples[-1][1] / 1e6:7.1f} MB  "
                           f"heap {heap[-1][1] / 1e6:6.1f} MB  "
@@ -251,6 +289,7 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
                 end_maps = rss_by_mapping()
                 if args.malloc_info:
                     malloc_info(f"{args.malloc_info}.end.xml")
+                    pymalloc_stats(f"{args.malloc_info}.end.pymalloc.txt")
                 if first_trace is not None:
                     last_trace = tracemalloc.take_snapshot()
     finally:
@@ -259,6 +298,10 @@ async def soak(args: argparse.Namespace, url: str, out: Path) -> None:
     run = windows.stats("run")
     warm = [s for s in samples if s[0] >= warm_from]
     warm_w = [s for s in workers if s[0] >= warm_from]
+    if len(warm) < 4:
+        print(f"no slope: the warm-up (the 10-minute window full) takes {warm_from:.0f} s at "
+              f"tick {args.tick} s; run longer than that (--seconds)")
+        return
     print(f"snapshots {n} in {samples[-1][0]:.0f} s (tick {args.tick} s), requests "
           f"{run.requests_ok} ok ({run.req_s or 0:.0f}/s), {run.output_tokens} tokens")
     print(f"consumer RSS: start {samples[0][1] / 1e6:.1f} MB, after warm-up "
@@ -312,7 +355,8 @@ def main() -> int:
     p.add_argument("--frames", type=int, default=4, help="traceback depth for --tracemalloc")
     p.add_argument("--top", type=int, default=15, help="sites printed by --tracemalloc")
     p.add_argument("--malloc-info", metavar="PREFIX",
-                   help="write glibc's malloc_info XML after the warm-up and at the end")
+                   help="write glibc's malloc_info XML and CPython's allocator statistics "
+                   "after the warm-up and at the end (PREFIX.warm.xml, PREFIX.end.xml, …)")
     p.add_argument("--no-trim", action="store_true",
                    help="without the coordinator's periodic malloc_trim (the figure before it)")
     args = p.parse_args()
