@@ -1,10 +1,18 @@
 """`tokentop report DIR`: a soak report of a run directory.
 
 Prints a summary on the terminal and writes report.md, report.json and PNG plots
-(throughput, TTFT/ITL P50/P99 over time, queue depth, GPU memory/power, server
-RSS; outage windows shaded red, recording gaps grey) into the run directory (or
---out-dir). Works on a finished, crashed (torn last line) or still-running
-directory: it reports what is there now.
+(throughput, TTFT/ITL P50/P99 over time, queue depth, GPU memory and power, server
+RSS) into the run directory (or --out-dir), then one `wrote PATH` line a file written.
+Works on a finished, crashed (torn last line) or still-running directory: it reports
+what is there now.
+
+The plots are for a postmortem: a title, units on every axis and in the legend, a
+legend entry only for a line that is drawn, time in the run's own scale (seconds, minutes
+or hours: time_axis), client outages shaded red, /metrics outages orange, pauses blue,
+recording gaps grey, and a dashed line (labelled) at each operator event and note (`e`).
+
+A memory slope over less than MIN_SLOPE_SPAN_S of samples (10 min, soak.MIN_SLOPE_SPAN_H)
+is withheld: report.json has slope_mb_h null and slope_withheld saying why.
 
     tokentop report DIR [--out-dir D] [--slo ttft_p99<500ms,...] [--bucket 3600]
                         [--tail-k 5] [--tail-ms ttft=2000,itl=200] [--no-plots]
@@ -30,12 +38,14 @@ import errno
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from loadgen.analysis.soak import SoakAnalyzer
+from loadgen.analysis.soak import MIN_SLOPE_SPAN_H, SoakAnalyzer
 from loadgen.model.slo import parse_slos
+from loadgen.model.snapshot import Snapshot
 from loadgen.record.rundir import (
     INTERRUPTED,
     RUNNING,
@@ -62,6 +72,43 @@ def pick_bucket(span_s: float) -> float:
     return 10.0
 
 
+class Pauses:
+    """When the load was paused (the `p` key, MQTT), from each Snapshot's load state: the
+    analyzer keeps no series of it."""
+
+    def __init__(self) -> None:
+        self._spans: list[list[float]] = []
+        self._open: list[float] | None = None
+
+    def see(self, snap: Snapshot) -> None:
+        if snap.load.state != "paused":
+            self._open = None
+        elif self._open is None:
+            self._open = [snap.t - snap.interval, snap.t]
+            self._spans.append(self._open)
+        else:
+            self._open[1] = snap.t
+
+    def spans(self, start_time: float) -> list[dict]:
+        return [{"start": a, "end": b, "start_rel": round(a - start_time, 3),
+                 "duration_s": round(b - a, 3), "ongoing": s is self._open}
+                for s in self._spans for a, b in [s]]
+
+
+MIN_SLOPE_SPAN_S = MIN_SLOPE_SPAN_H * 3600
+
+
+def withhold_short_slope(s: dict, span_s: float) -> None:
+    """A slope over less than MIN_SLOPE_SPAN_S of samples is start-up growth, not a leak
+    (a 17 s run read +36056 MB/h): null, with the reason, so nobody quotes the figure."""
+    if s.get("trend", True):
+        return
+    s["slope_mb_h"] = None
+    s["min_span_s"] = MIN_SLOPE_SPAN_S
+    s["slope_withheld"] = (f"run too short for a slope ({_fmt_s(span_s)}; "
+                           f"needs ≥ {_fmt_s(MIN_SLOPE_SPAN_S)})")
+
+
 def analyze_dir(run_dir: Path | str, *, slo: str | None = None, bucket_s: float | None = None,
                 tail_k: float = 5.0, tail_abs_us: dict[str, float] | None = None,
                 warnings: list[str] | None = None) -> tuple[dict, SoakAnalyzer]:
@@ -76,9 +123,14 @@ def analyze_dir(run_dir: Path | str, *, slo: str | None = None, bucket_s: float 
         span = (last.elapsed if last else 0.0) - (first.elapsed if first else 0.0)
         bucket_s = pick_bucket(span)
     analyzer = SoakAnalyzer(slos=slos, bucket_s=bucket_s, tail_k=tail_k, tail_abs_us=tail_abs_us)
+    pauses = Pauses()
     for snap in iter_snapshots(run_dir, warn=warnings.append):
         analyzer.add(snap)
+        pauses.see(snap)
     result = analyzer.result()
+    result["pauses"] = pauses.spans(analyzer.start_time or 0.0)
+    for key, slope in (("server_rss", analyzer.rss), ("gpu_memory", analyzer.gpu_mem)):
+        withhold_short_slope(result["drift"][key], slope.span_h * 3600)  # span_h there: rounded
     state = run_state(run_dir)  # after reading: a run that ended meanwhile says so
     result["run_dir"] = str(run_dir)
     result["manifest"] = {k: manifest.get(k) for k in (
@@ -152,10 +204,9 @@ def summary_lines(r: dict) -> list[str]:
     d = r["drift"]
     for name, key in (("server RSS", "server_rss"), ("GPU memory", "gpu_memory")):
         s = d[key]
-        if s["slope_mb_h"] is not None:
-            caveat = "" if s.get("trend", True) else "; too short a run to call it a trend"
-            lines.append(f"  {name} slope {s['slope_mb_h']:+.1f} MB/h "
-                         f"({s['first_mb']:.0f} → {s['last_mb']:.0f} MB{caveat})")
+        if s["first_mb"] is not None:
+            lines.append(f"  {name} {s['first_mb']:.0f} → {s['last_mb']:.0f} MB; "
+                         f"{_slope_text(s)}")
     lt = r["long_tail"]
     if any(lt["counts"].values()):
         counts = ", ".join(f"{m} {n}" for m, n in lt["counts"].items())
@@ -165,6 +216,26 @@ def summary_lines(r: dict) -> list[str]:
     for w in r["warnings"][:5]:
         lines.append(f"  warning: {w}")
     return lines
+
+
+def _slope_text(s: dict) -> str:
+    """The MB/h figure, or why there is none (a run too short for one)."""
+    if s["slope_mb_h"] is not None:
+        return f"slope {s['slope_mb_h']:+.1f} MB/h"
+    return s.get("slope_withheld") or "slope – (too few samples)"
+
+
+def _per_metric(values: dict, unit: str = "") -> str:
+    """{'ttft': 159.5, 'itl': 65.0} as "TTFT 159.5 ms, ITL 65.0 ms"."""
+    if not values:
+        return "none"
+
+    def one(v) -> str:
+        if v is None:
+            return "–"
+        return f"{v:.1f}{unit}" if isinstance(v, float) else f"{v}{unit}"
+
+    return ", ".join(f"{m.upper()} {one(v)}" for m, v in values.items())
 
 
 def _errs(errors: dict[str, int]) -> str:
@@ -185,6 +256,22 @@ def _watched_events(events: list[dict]) -> list[str]:
             for e in watched[:WATCHED_LISTED]]
     if len(watched) > WATCHED_LISTED:
         out.append(f"* … and {len(watched) - WATCHED_LISTED} more (report.json has them)")
+    return [*out, ""]
+
+
+def _operator_section(r: dict) -> list[str]:
+    """Pauses, operator events and notes (the `e` key), as the plots mark them."""
+    pauses, events = r.get("pauses") or [], marks(r)
+    if not pauses and not events:
+        return []
+    items = [(p["start"], f"* {_when(p['start'])} (+{_fmt_s(p['start_rel'])}) load paused for "
+              f"{_fmt_s(p['duration_s'])}{' (still paused)' if p['ongoing'] else ''}")
+             for p in pauses]
+    items += [(e["t"], f"* {_when(e['t'])} (+{_fmt_s(e['rel'])}) {e['message']}")
+              for e in events[:WATCHED_LISTED]]
+    out = ["## Pauses, operator events and notes", "", *(line for _, line in sorted(items))]
+    if len(events) > WATCHED_LISTED:
+        out.append(f"* … and {len(events) - WATCHED_LISTED} more (report.json has them)")
     return [*out, ""]
 
 
@@ -233,6 +320,7 @@ def markdown(r: dict, plots: list[str]) -> str:
         out += [f"The server's /metrics never answered "
                 f"({r['server_metrics_never_answered']}): no server-side outage detection.", ""]
     out += _watched_events(r.get("events") or [])
+    out += _operator_section(r)
     if r["gaps"]:
         out += ["## Recording gaps", ""]
         for g in r["gaps"]:
@@ -249,12 +337,13 @@ def markdown(r: dict, plots: list[str]) -> str:
                    f"| {_ms(b['itl']['p99_ms'])} | {_ms(b['itl']['p99.9_ms'])} | "
                    f"{b['output_tok_s']} | {_pct(b['error_rate'])} | {b['server_rss_mb']} | "
                    f"{b['gpu_mem_mb']} |")
-    out += ["", f"Server RSS slope: {d['server_rss']['slope_mb_h']} MB/h; GPU memory slope: "
-            f"{d['gpu_memory']['slope_mb_h']} MB/h; throughput last/first bucket: "
-            f"{d['throughput_change']}.", ""]
+    change = d["throughput_change"]
+    out += ["", f"Server RSS: {_slope_text(d['server_rss'])}; GPU memory: "
+            f"{_slope_text(d['gpu_memory'])}; throughput last/first bucket: "
+            f"{'–' if change is None else f'{change:.3f}'}.", ""]
     lt = r["long_tail"]
-    out += ["## Long tail", "", f"Limit: {lt['rule']} ({lt['limits_ms']} ms); intervals above "
-            f"it: {lt['counts'] or 'none'}.", ""]
+    out += ["## Long tail", "", f"Limit ({lt['rule']}): {_per_metric(lt['limits_ms'], ' ms')}; "
+            f"intervals above it: {_per_metric(lt['counts'])}.", ""]
     if lt["intervals"]:
         out += ["| time | metric | p99.9 | max | in flight | context |",
                 "| --- | --- | --- | --- | --- | --- |"]
@@ -272,10 +361,177 @@ def markdown(r: dict, plots: list[str]) -> str:
 
 # ---- plots ------------------------------------------------------------------------------------
 
+# Colours of the lines; red is left out, it marks the outages.
+LINE_COLOURS = ("C0", "C1", "C2", "C4", "C5", "C6", "C8", "C9")
+MARKS_LABELLED = 15  # operator events and notes labelled on a plot at most (all get a line)
+LABEL_CHARS = 32  # a mark's label is cut to this
 
-def plot(r: dict, analyzer: SoakAnalyzer, out_dir: Path,
-         not_written: list[dict] | None = None) -> list[str]:
-    """The PNGs written; one that cannot be (a full disk) is removed, noted in not_written."""
+
+@dataclass
+class Panel:
+    """One y axis: its unit and the lines on it (label, values a tick)."""
+
+    unit: str
+    lines: list[tuple[str, np.ndarray]]
+    log_ok: bool = False  # latency: log scale when the values span decades
+
+
+def time_axis(span_s: float) -> tuple[str, float]:
+    """The run's own time scale: (unit, seconds a unit). A 17 s run in seconds, an
+    afternoon in minutes, a soak in hours."""
+    if span_s <= 180:
+        return "s", 1.0
+    if span_s <= 3 * 3600:
+        return "min", 60.0
+    return "h", 3600.0
+
+
+def drawn(lines: list[tuple[str, np.ndarray]]) -> list[tuple[str, np.ndarray]]:
+    """The lines that have something to draw: only they get a legend entry."""
+    return [(label, y) for label, y in lines if np.isfinite(y).any()]
+
+
+def isolated(y: np.ndarray) -> bool:
+    """A finite value with no finite neighbour: a line alone would not show it (TTFT in
+    a short run: a tick sees a first token only now and then)."""
+    f = np.isfinite(y)
+    left = np.concatenate(([False], f[:-1]))
+    right = np.concatenate((f[1:], [False]))
+    return bool((f & ~left & ~right).any())
+
+
+def moving_mean(y: np.ndarray, w: int) -> np.ndarray:
+    """Mean over w ticks, of the finite values only (edges and holes are not read as 0)."""
+    if w <= 1:
+        return y
+    f = np.isfinite(y)
+    k = np.ones(w)
+    total = np.convolve(np.where(f, y, 0.0), k, mode="same")
+    n = np.convolve(f.astype(float), k, mode="same")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, total / n, np.nan)
+
+
+def rate_window(rel: np.ndarray) -> tuple[int, float]:
+    """(ticks, seconds) of the moving mean of the rates: at least 2 s (a tick's request count
+    is lumpy: streams finish together), at most 1500 points a plot."""
+    if len(rel) < 2:
+        return 1, 0.0
+    tick = float(np.median(np.diff(rel))) or 1.0
+    seconds = max(2.0, (rel[-1] - rel[0]) / 1500)
+    return max(1, round(seconds / tick)), seconds
+
+
+def plot_specs(s: dict[str, np.ndarray]) -> dict[str, tuple[str, list[Panel]]]:
+    """Every plot: its title and panels (units on the axes and in the labels)."""
+    dt = np.where(s["interval"] > 0, s["interval"], np.nan)
+    w, seconds = rate_window(s["rel"])
+    # tokens flow smoothly: averaged only to keep a soak's plot at ~1500 points
+    w_tok = max(1, len(dt) // 1500)
+
+    def rate(v: np.ndarray, ticks: int) -> np.ndarray:
+        return moving_mean(v / dt, ticks)
+
+    avg = f" ({seconds:g} s mean)" if w > 1 else ""
+    return {
+        "throughput": ("Throughput", [
+            Panel("tokens/s", [("output tokens/s", rate(s["output_tokens"], w_tok))]),
+            Panel("requests/s", [(f"ok requests/s{avg}", rate(s["ok"], w)),
+                                 (f"failed requests/s{avg}", rate(s["failed"], w))])]),
+        "latency": ("Latency per tick (client side)", [Panel("ms", [
+            ("TTFT p50 (ms)", s["ttft_p50"] / 1e3), ("TTFT p99 (ms)", s["ttft_p99"] / 1e3),
+            ("ITL p50 (ms)", s["itl_p50"] / 1e3), ("ITL p99 (ms)", s["itl_p99"] / 1e3)],
+            log_ok=True)]),
+        "queue": ("Queue depth", [Panel("requests", [
+            ("client in flight", s["in_flight"]), ("client backlog", s["backlog"]),
+            ("server waiting", s["srv_waiting"]), ("server running", s["srv_running"])])]),
+        "gpu": ("GPU memory and power (all GPUs together)", [
+            Panel("MB", [("GPU memory used (MB)", s["gpu_mem_mb"])]),
+            Panel("W", [("GPU power (W)", s["gpu_power_w"])])]),
+        "server_rss": ("Server process RSS", [Panel("MB", [("server RSS (MB)",
+                                                            s["srv_rss_mb"])])]),
+    }
+
+
+def _y_axis(ax, panel: Panel, ys: list[np.ndarray]) -> None:
+    """Plain tick labels (20, 50, 100; never 2×10^1), the unit on the axis."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    finite = np.concatenate([y[np.isfinite(y)] for y in ys])
+    positive = finite[finite > 0]
+    if panel.log_ok and len(positive) and positive.max() / positive.min() > 30:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_ylabel(f"{panel.unit} (log scale)")
+    else:
+        ax.ticklabel_format(axis="y", style="plain", useOffset=False)
+        ax.set_ylabel(panel.unit)
+
+
+def _draw_panel(ax, x: np.ndarray, panel: Panel) -> None:
+    lines = drawn(panel.lines)
+    for (label, y), colour in zip(lines, LINE_COLOURS, strict=False):
+        ax.plot(x, y, lw=0.9, label=label, color=colour,
+                marker="." if isolated(y) else None, ms=4)
+    if lines:
+        _y_axis(ax, panel, [y for _, y in lines])
+    ax.grid(alpha=0.3)
+
+
+def _spans(r: dict) -> list[tuple[str, dict, float, float]]:
+    """(legend label, style, start, end) of what is shaded: outages, pauses, gaps."""
+    client = {"color": "red", "alpha": 0.2}
+    server = {"color": "orange", "alpha": 0.25}
+    out = [("client outage" if o["kind"] == "client" else "server /metrics outage",
+            client if o["kind"] == "client" else server, o["start"], o["end"])
+           for o in r["outages"]]
+    out += [("load paused", {"color": "C0", "alpha": 0.15}, p["start"], p["end"])
+            for p in r.get("pauses") or []]
+    out += [("recording gap (tokentop not running)",
+             {"color": "grey", "alpha": 0.3, "hatch": "//"}, g["start"], g["end"])
+            for g in r["gaps"]]
+    return out
+
+
+def marks(r: dict) -> list[dict]:
+    """Operator events and notes (the `e` key): a vertical line each."""
+    return [e for e in r.get("events") or [] if e["kind"] == "operator"]
+
+
+def _mark_run(axes, r: dict, scale: float) -> list:
+    """Shade outages, pauses and gaps, draw a line a mark (labelled on the top panel); the
+    legend handles of what was drawn."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    start = r["start_time"] or 0.0
+    handles: dict[str, object] = {}
+    for label, style, a, b in _spans(r):
+        for ax in axes:
+            ax.axvspan((a - start) / scale, (b - start) / scale, lw=0, **style)
+        handles.setdefault(label, Patch(label=label, **style))
+    events = marks(r)
+    for i, e in enumerate(events):
+        at = (e["t"] - start) / scale
+        for ax in axes:
+            ax.axvline(at, color="purple", lw=0.8, ls="--")
+        if i < MARKS_LABELLED:
+            text = e["message"]
+            text = text if len(text) <= LABEL_CHARS else text[:LABEL_CHARS - 1] + "…"
+            axes[0].text(at, 0.98, " " + text, rotation=90, va="top", ha="right",
+                         fontsize=7, color="purple", transform=axes[0].get_xaxis_transform())
+    if events:
+        more = f", first {MARKS_LABELLED} labelled" if len(events) > MARKS_LABELLED else ""
+        handles["marks"] = Line2D([], [], color="purple", lw=0.8, ls="--",
+                                  label=f"operator event / note{more}")
+    return list(handles.values())
+
+
+def figures(r: dict, analyzer: SoakAnalyzer) -> dict:
+    """The report's matplotlib figures by name (close them when done); none without ticks,
+    and none for a plot with nothing to draw (no GPU seen: no GPU plot)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -284,66 +540,40 @@ def plot(r: dict, analyzer: SoakAnalyzer, out_dir: Path,
     s = {k: np.frombuffer(v, np.float64 if v.typecode == "d" else np.float32)
          for k, v in analyzer.series.items()}
     if len(s["rel"]) == 0:
-        return []
-    x = s["rel"] / 3600.0 if s["rel"][-1] > 3 * 3600 else s["rel"] / 60.0
-    unit = "hours" if s["rel"][-1] > 3 * 3600 else "minutes"
-    scale = 3600.0 if unit == "hours" else 60.0
-    start = r["start_time"] or 0.0
-    dt = np.where(s["interval"] > 0, s["interval"], np.nan)
-
-    def shade(ax) -> None:
-        for o in r["outages"]:
-            ax.axvspan((o["start"] - start) / scale, (o["end"] - start) / scale,
-                       color="red", alpha=0.2, lw=0)
-        for g in r["gaps"]:
-            ax.axvspan((g["start"] - start) / scale, (g["end"] - start) / scale,
-                       color="grey", alpha=0.3, lw=0, hatch="//")
-
-    def smooth(y: np.ndarray) -> np.ndarray:
-        n = len(y)
-        w = max(1, n // 1500)
-        if w == 1:
-            return y
-        k = np.ones(w) / w
-        return np.convolve(np.nan_to_num(y), k, mode="same")
-
-    figs = {
-        "throughput": [("output tok/s", smooth(s["output_tokens"] / dt)),
-                       ("req/s ×100", smooth(s["ok"] / dt * 100)),
-                       ("errors/s ×100", smooth(s["failed"] / dt * 100))],
-        "latency": [("TTFT p50 ms", s["ttft_p50"] / 1e3), ("TTFT p99 ms", s["ttft_p99"] / 1e3),
-                    ("ITL p50 ms", s["itl_p50"] / 1e3), ("ITL p99 ms", s["itl_p99"] / 1e3)],
-        "queue": [("client in flight", s["in_flight"]), ("client backlog", s["backlog"]),
-                  ("server waiting", s["srv_waiting"]), ("server running", s["srv_running"])],
-        "gpu": [("GPU memory MB", s["gpu_mem_mb"]), ("GPU power W", s["gpu_power_w"])],
-        "server_rss": [("server RSS MB", s["srv_rss_mb"])],
-    }
-    titles = {"throughput": "Throughput", "latency": "Latency per tick (log scale)",
-              "queue": "Queue depth", "gpu": "GPU memory and power",
-              "server_rss": "Server process RSS"}
-    written = []
-    for name, lines in figs.items():
-        if all(np.all(np.isnan(y)) for _, y in lines):
+        return {}
+    unit, scale = time_axis(float(s["rel"][-1]))
+    x = s["rel"] / scale
+    out = {}
+    for name, (title, panels) in plot_specs(s).items():
+        panels = [p for p in panels if drawn(p.lines)]
+        if not panels:
             continue
-        fig, ax = plt.subplots(figsize=(11, 4))
-        if name == "gpu":
-            ax2 = ax.twinx()
-            ax.plot(x, lines[0][1], lw=0.8, label=lines[0][0], color="C0")
-            ax2.plot(x, lines[1][1], lw=0.8, label=lines[1][0], color="C1")
-            ax.set_ylabel(lines[0][0])
-            ax2.set_ylabel(lines[1][0])
-        else:
-            for label, y in lines:
-                if not np.all(np.isnan(y)):
-                    ax.plot(x, y, lw=0.8, label=label)
-            ax.legend(loc="upper left", fontsize=8)
-        if name == "latency":
-            ax.set_yscale("log")
-        shade(ax)
-        ax.set_xlabel(f"{unit} since the start (red: outages, grey: recording gaps)")
-        ax.set_title(f"{titles[name]}, run {r['run_id']}")
-        ax.grid(alpha=0.3)
+        fig, axes = plt.subplots(len(panels), 1, figsize=(12, 2.2 + 2.3 * len(panels)),
+                                 sharex=True, squeeze=False)
+        axes = list(axes[:, 0])
+        for ax, panel in zip(axes, panels, strict=True):
+            _draw_panel(ax, x, panel)
+        extra = _mark_run(axes, r, scale)
+        for i, ax in enumerate(axes):
+            lines, _ = ax.get_legend_handles_labels()
+            ax.legend(handles=lines + (extra if i == 0 else []), loc="upper left",
+                      bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
+        axes[-1].set_xlabel(f"time since the run started ({unit})")
+        axes[-1].set_xlim(0, max(float(x[-1]), 1e-9))
+        axes[0].set_title(f"{title}, run {r['run_id']}")
         fig.tight_layout()
+        out[name] = fig
+    return out
+
+
+def plot(r: dict, analyzer: SoakAnalyzer, out_dir: Path,
+         not_written: list[dict] | None = None) -> list[str]:
+    """The PNGs written; one that cannot be (a full disk) is removed, noted in not_written."""
+    figs = figures(r, analyzer)  # first: it picks the Agg backend before pyplot is imported
+    import matplotlib.pyplot as plt
+
+    written = []
+    for name, fig in figs.items():
         path = out_dir / f"{name}.png"
         if _written(path, lambda f, fig=fig: fig.savefig(f, dpi=90, format="png"),
                     not_written):
@@ -407,11 +637,14 @@ def write_report(run_dir: Path | str, *, out_dir: Path | str | None = None,
         return 2, r
     written = plot(r, analyzer, target, not_written) if plots else []
     r["plots"] = written
-    md = _written(target / "report.md", _text(markdown(r, written) + "\n"), not_written)
-    _written(target / "report.json", _text(json.dumps(r, indent=2, default=str) + "\n"),
-             not_written)
-    if md:
-        print(f"report: {target / 'report.md'}", file=out)
+    files = list(written)
+    texts = {"report.md": lambda: markdown(r, written),
+             "report.json": lambda: json.dumps(r, indent=2, default=str)}
+    for name, text in texts.items():  # the md first: the json then holds the whole result
+        if _written(target / name, _text(text() + "\n"), not_written):
+            files.append(str(target / name))
+    for f in files:  # every file, so the plots are found as easily as report.md
+        print(f"wrote {f}", file=out)
     if not_written:
         return 2, r
     return (3 if r["thresholds_passed"] is False else 0), r

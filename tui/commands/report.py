@@ -1,5 +1,8 @@
 """`tokentop report DIR`: a soak report of a run directory (loadgen/analysis/report.py).
 
+It prints the summary, then `wrote PATH` for each file written (report.md, report.json,
+the PNGs).
+
 Exit codes: 0 report written (thresholds passed or none); 3 a threshold failed;
 2 not a readable run directory, a bad option, or the report cannot be written (the
 summary is printed all the same, and one line on stderr says which files are missing).
