@@ -23,6 +23,9 @@ FIELDS = (
     "prompt_tokens_total",
     "generation_tokens_total",
     "preemptions_total",
+    "prefix_cache_queries_total",
+    "prefix_cache_hits_total",
+    "prefix_cache_hit_rate",
 )
 
 
@@ -82,6 +85,11 @@ ENGINES: tuple[Engine, ...] = (
             "prompt_tokens_total": _one("vllm:prompt_tokens_total"),
             "generation_tokens_total": _one("vllm:generation_tokens_total"),
             "preemptions_total": _one("vllm:num_preemptions_total"),
+            # V1's token counters (the hit rate over an interval is their differences'); V0
+            # had a gauge of the block hit rate
+            "prefix_cache_queries_total": _one("vllm:prefix_cache_queries_total"),
+            "prefix_cache_hits_total": _one("vllm:prefix_cache_hits_total"),
+            "prefix_cache_hit_rate": _one("vllm:gpu_prefix_cache_hit_rate", how="mean"),
         },
         {
             "ttft": Hist(("vllm:time_to_first_token_seconds",)),
@@ -100,6 +108,7 @@ ENGINES: tuple[Engine, ...] = (
             "kv_cache_usage": _one("sglang:token_usage", how="mean"),
             "prompt_tokens_total": _one("sglang:prompt_tokens_total"),
             "generation_tokens_total": _one("sglang:generation_tokens_total"),
+            "prefix_cache_hit_rate": _one("sglang:cache_hit_rate", how="mean"),
         },
         {
             "ttft": Hist(("sglang:time_to_first_token_seconds",)),

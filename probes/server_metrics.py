@@ -183,6 +183,10 @@ class MetricsTracker:
         a, b = before.metrics, after.metrics
         b.prompt_tok_s = _rate(a.prompt_tokens_total, b.prompt_tokens_total, dt)
         b.generation_tok_s = _rate(a.generation_tokens_total, b.generation_tokens_total, dt)
+        queries = _rate(a.prefix_cache_queries_total, b.prefix_cache_queries_total, dt)
+        hits = _rate(a.prefix_cache_hits_total, b.prefix_cache_hits_total, dt)
+        if queries and hits is not None:  # no queries in between: the gauge (if any) stands
+            b.prefix_cache_hit_rate = hits / queries
 
     def _quantiles(self, after: Page, t: float) -> None:
         # the oldest page still inside the window (the deque holds nothing older)

@@ -70,6 +70,32 @@ class LoadState(msgspec.Struct, kw_only=True):
     note: str | None = None  # e.g. "ramp 8→64, 30 s left"
 
 
+# Multi-turn conversations (--turns): a row of TurnCounts per turn number, the last row
+# holding every later turn too, so a long conversation costs a fixed size per Snapshot
+MAX_TURN_ROWS = 16
+
+
+class TurnCounts(msgspec.Struct, array_like=True):
+    """The completed requests of one turn number of the conversations, summed (means per
+    turn come from differences, as every counter's)."""
+
+    requests: int = 0
+    ttft_us: int = 0  # the sum of their TTFTs
+    input_tokens: int = 0  # prompt tokens (the server's count, else the asked length)
+    cached_tokens: int = 0  # of those, the server's prefix-cache hits where it reported any
+
+    def add(self, other: TurnCounts) -> None:
+        self.requests += other.requests
+        self.ttft_us += other.ttft_us
+        self.input_tokens += other.input_tokens
+        self.cached_tokens += other.cached_tokens
+
+    def since(self, earlier: TurnCounts) -> TurnCounts:
+        return TurnCounts(self.requests - earlier.requests, self.ttft_us - earlier.ttft_us,
+                          self.input_tokens - earlier.input_tokens,
+                          self.cached_tokens - earlier.cached_tokens)
+
+
 class Counters(msgspec.Struct, kw_only=True):
     """Cumulative since the run started."""
 
@@ -105,24 +131,50 @@ class Counters(msgspec.Struct, kw_only=True):
     reasoning_tokens: int = 0
     answer_tokens: int = 0
     estimated_reasoning_tokens: int = 0
+    # prefix caching, over the completed requests whose server reported it
+    # (usage.prompt_tokens_details.cached_tokens, llama.cpp's timings.cache_n): their prompt
+    # tokens served from the cache, and all their prompt tokens (the hit rate's base)
+    cached_tokens: int = 0
+    cache_reported_input_tokens: int = 0
+    # completed requests whose output length (the server's count) differs from the asked
+    # max_tokens while an exact length was asked for (ignore_eos / min_tokens)
+    output_differs: int = 0
     errors: dict[str, int] = msgspec.field(default_factory=dict)
+    # multi-turn conversations only: turn number n's figures in row n − 1 (MAX_TURN_ROWS)
+    turns: list[TurnCounts] = msgspec.field(default_factory=list)
 
     def add(self, other: Counters) -> None:
         for name in _COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for kind, n in other.errors.items():
             self.errors[kind] = self.errors.get(kind, 0) + n
+        if other.turns:
+            while len(self.turns) < len(other.turns):
+                self.turns.append(TurnCounts())
+            for mine, theirs in zip(self.turns, other.turns, strict=False):
+                mine.add(theirs)
 
     def since(self, earlier: Counters) -> Counters:
         """What was counted after `earlier` (a previous value of the same cumulative set)."""
         out = Counters(**{n: getattr(self, n) - getattr(earlier, n) for n in _COUNTS})
         errors = {k: n - earlier.errors.get(k, 0) for k, n in self.errors.items()}
         out.errors = {k: n for k, n in errors.items() if n}
+        if self.turns:
+            before = earlier.turns
+            out.turns = [t.since(before[i] if i < len(before) else TurnCounts())
+                         for i, t in enumerate(self.turns)]
         return out
 
+    def turn(self, number: int) -> TurnCounts:
+        """The row of turn `number` (1-based), made on first use."""
+        i = min(number, MAX_TURN_ROWS) - 1
+        while len(self.turns) <= i:
+            self.turns.append(TurnCounts())
+        return self.turns[i]
 
-# every integer count of Counters (all its fields but the errors by kind)
-_COUNTS = tuple(n for n in Counters.__struct_fields__ if n != "errors")
+
+# every integer count of Counters (all its fields but the errors by kind and the turns)
+_COUNTS = tuple(n for n in Counters.__struct_fields__ if n not in ("errors", "turns"))
 
 
 class ServerMetrics(msgspec.Struct, kw_only=True):
@@ -142,6 +194,12 @@ class ServerMetrics(msgspec.Struct, kw_only=True):
     # never a negative rate)
     prompt_tok_s: float | None = None
     generation_tok_s: float | None = None
+    # prefix caching as the server counts it: vLLM V1's cumulative token counters, and the
+    # hit rate (0..1) between the last two scrapes from them, else the engine's own gauge
+    # (vLLM V0's block hit rate, SGLang's cache_hit_rate)
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    prefix_cache_hit_rate: float | None = None
     restarts: int = 0  # counter resets seen since the probe started
     # the server's own latency quantiles over the last ~10 s, from its histogram buckets:
     # {"ttft": {"p50": ms, "p90": ms, "p99": ms}, "itl": …, "e2e": …, "queue": …}

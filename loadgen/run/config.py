@@ -22,7 +22,7 @@ from loadgen.worker.load import Arrivals
 from loadgen.worker.tokenizer import TOKENIZER_CHOICES, Lengths, TokenizerError, load_tokenizer
 from loadgen.worker.trace import TraceError, read_trace
 from loadgen.worker.wire import Cancelling, LoadSpec
-from loadgen.worker.workload import LengthDist, Workload, WorkloadError
+from loadgen.worker.workload import LengthDist, ThinkTime, Workload, WorkloadError
 
 
 class ConfigError(ValueError):
@@ -68,6 +68,7 @@ class RunConfig(msgspec.Struct, kw_only=True):
     # each request its entry's lengths; the run stops when the trace is done
     trace: str | None = None
     trace_speed: float = 1.0
+    trace_block_tokens: int = 512  # tokens a prefix block of the trace's hash_ids (Mooncake's)
     auto_ramp: bool = False  # start climbing at once (the console's `a` key does it later)
     auto_ramp_hold: float = 10.0  # measured seconds per auto-ramp step
     auto_ramp_warmup: float = 3.0  # unmeasured seconds per auto-ramp step
@@ -75,6 +76,10 @@ class RunConfig(msgspec.Struct, kw_only=True):
     input_tokens: str = "128"
     output_tokens: str = "128"
     shared_prefix: int = 0
+    # multi-turn conversations (loadgen.worker.conversation): user turns per conversation,
+    # each closed-loop stream a user; the think time between turns, a distribution in s
+    turns: int = 1
+    think_time: str = "0"
     # where prompts come from: synthetic | text:FILE | sharegpt:FILE | jsonl:FILE
     # (loadgen.worker.dataset); prompts_file is the older `--prompts FILE`, jsonl:FILE
     dataset: str = "synthetic"
@@ -138,6 +143,7 @@ class Parsed:
     slos: Slos
     cancelling: Cancelling
     dataset: Dataset  # checked, with its note (what to say once)
+    think_time: ThinkTime
     trace_span: float | None = None  # --trace: seconds from its first request to its last
 
     @property
@@ -160,6 +166,10 @@ class Parsed:
             ignore_eos=cfg.ignore_eos,
             continuous_usage=cfg.continuous_usage,
             seed=cfg.seed,
+            turns=cfg.turns,
+            think_time=self.think_time,
+            trace_block_tokens=cfg.trace_block_tokens,
+            output_from_dataset=_output_from_dataset(cfg),
         )
 
 
@@ -171,7 +181,9 @@ def _parse(cfg: RunConfig) -> Parsed:
     _check_choices(cfg)
     try:
         inp = LengthDist.parse(cfg.input_tokens)
-        out = LengthDist.parse(cfg.output_tokens)
+        # "dataset": the replies' lengths of a ShareGPT dataset (128 where one has none)
+        out = LengthDist() if _output_from_dataset(cfg) else LengthDist.parse(cfg.output_tokens)
+        think = ThinkTime.parse(cfg.think_time)
         ramp = Ramp.parse(cfg.ramp) if cfg.ramp else None
         slos = parse_slos(cfg.slo)
         cancelling = _cancelling(cfg)
@@ -182,7 +194,14 @@ def _parse(cfg: RunConfig) -> Parsed:
                         window_words=longest_words(inp) - 1 - cfg.shared_prefix)
     except (WorkloadError, DatasetError, RampError, SloError, TokenizerError) as e:
         raise ConfigError(str(e)) from None
-    return Parsed(inp, out, ramp, slos, cancelling, dataset, _trace_span(cfg))
+    if _output_from_dataset(cfg) and dataset.kind != "sharegpt":
+        raise ConfigError("--output-tokens dataset takes the reply lengths of a ShareGPT "
+                          "dataset: give --dataset sharegpt:FILE")
+    return Parsed(inp, out, ramp, slos, cancelling, dataset, think, _trace_span(cfg))
+
+
+def _output_from_dataset(cfg: RunConfig) -> bool:
+    return cfg.output_tokens.strip() == "dataset"
 
 
 def _trace_span(cfg: RunConfig) -> float | None:
@@ -219,6 +238,15 @@ def _check_choices(cfg: RunConfig) -> None:
         (cfg.stop_error_rate is None or 0 < cfg.stop_error_rate <= 1,
          "--stop-error-rate is a fraction between 0 and 1"),
         (cfg.shared_prefix >= 0, "--shared-prefix must not be negative"),
+        (cfg.turns >= 1, "--turns must be at least 1"),
+        (cfg.trace_block_tokens >= 1, "--trace-block-tokens must be at least 1"),
+        (cfg.turns == 1 or cfg.api == "chat",
+         "--turns needs the chat API: a conversation is its messages"),
+        (cfg.turns == 1 or (cfg.mode == "closed" and cfg.trace is None),
+         "--turns runs in closed loop (each stream is a user holding a conversation): "
+         "no --mode open or --trace"),
+        (cfg.turns > 1 or cfg.think_time in ("0", "0s"),
+         "--think-time is the wait between a conversation's turns: give --turns too"),
     ]
     for ok, message in checks:
         if not ok:

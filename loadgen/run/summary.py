@@ -18,7 +18,7 @@ import msgspec
 
 from loadgen import __version__
 from loadgen.model.slo import evaluate_thresholds, parse_slos, rates_from
-from loadgen.model.snapshot import Snapshot
+from loadgen.model.snapshot import ServerMetrics, Snapshot
 from loadgen.model.windows import SnapshotWindows, WindowStats
 from loadgen.run.config import RunConfig
 
@@ -63,6 +63,9 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
             "input": run.input_tokens,
             "output_estimated": run.tokens_estimated,
             "input_per_request": _input_per_request(run),
+            # completed requests whose server-counted output length is not the max_tokens
+            # asked exactly (ignore_eos / min_tokens not honoured, or a stop)
+            "output_differs": run.counters.output_differs if run.counters else 0,
             # how the asked lengths were made: exact (a tokenizer) or approx (~1 token a word)
             "lengths": last.target.lengths if last else None,
         },
@@ -79,6 +82,9 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
         "latency_ms": latency,
         # reasoning models: present only when some completed request reasoned
         **_reasoning(run),
+        # prefix caching, where the server reported it; multi-turn conversations by turn
+        **_prefix_cache(run, last.server if last else None),
+        **_turns(run),
         # open loop: arrivals dropped from a full backlog were never sent, so the
         # intended-time percentiles (ttft_co, e2e_co) cannot hold them: this many are missing
         "co_dropped_arrivals": run.errors.get("client_backlog_full", 0)
@@ -123,6 +129,40 @@ def _reasoning(run: WindowStats) -> dict:
     }}
 
 
+def _prefix_cache(run: WindowStats, server: ServerMetrics | None) -> dict:
+    """{"prefix_cache": …} when the answers reported cached prompt tokens (or the server's
+    /metrics a hit rate), else {}."""
+    c = run.counters
+    reported = c.cache_reported_input_tokens if c else 0
+    server_rate = server.prefix_cache_hit_rate if server and server.ok else None
+    if not reported and server_rate is None:
+        return {}
+    return {"prefix_cache": {
+        "cached_tokens": c.cached_tokens if c else 0,
+        # cached / prompt tokens, over the completed requests whose answer said
+        "hit_rate": round(c.cached_tokens / reported, 4) if c and reported else None,
+        "server_hit_rate": None if server_rate is None else round(server_rate, 4),
+    }}
+
+
+def _turns(run: WindowStats) -> dict:
+    """{"turns": [a row per turn number]} for conversations (--turns), else {}: means per
+    completed request of that turn (the last row holds every later turn too)."""
+    c = run.counters
+    if c is None or not c.turns:
+        return {}
+    rows = []
+    for i, t in enumerate(c.turns):
+        if not t.requests:
+            continue
+        n = t.requests
+        rows.append({"turn": i + 1, "requests": n,
+                     "ttft_ms_mean": round(t.ttft_us / n * MS, 3),
+                     "input_per_request": round(t.input_tokens / n, 1),
+                     "cached_per_request": round(t.cached_tokens / n, 1)})
+    return {"turns": rows} if rows else {}
+
+
 def _input_per_request(run: WindowStats) -> dict | None:
     """What was asked against what the server counted (its chat template adds tokens)."""
     server, asked = run.input_per_request, run.input_asked_per_request
@@ -163,6 +203,9 @@ def exit_status(summary: dict, recording_failed: str | None = None) -> tuple[int
     if prompt and prompt["differs"]:
         done += (f"; the server counted {prompt['server']:.0f} prompt tokens a request, "
                  f"{prompt['asked']:.0f} asked")
+    if summary["tokens"].get("output_differs"):
+        done += (f"; {summary['tokens']['output_differs']} answers not of the asked output "
+                 "length")
     if drain.get("requests_ok") or drain.get("requests_cancelled"):
         done += (f"; drain: {drain['requests_ok']} finished, {drain['requests_cancelled']} "
                  "cancelled")

@@ -48,6 +48,8 @@ def _vllm(engine: BatchModel) -> str:
         running=engine.num_running,
         waiting=engine.num_waiting,
         kv_usage=engine.kv_usage,
+        prefix=None if engine.prefix_cache is None else
+        (engine.prefix_cache.queries, engine.prefix_cache.hits),
     )
 
 

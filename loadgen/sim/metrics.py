@@ -80,7 +80,10 @@ class EngineMetrics:
         self.input_length.observe(prompt_tokens)
         self.generated_per_request.observe(generated)
 
-    def render(self, model_name: str, *, running: int, waiting: int, kv_usage: float) -> str:
+    def render(self, model_name: str, *, running: int, waiting: int, kv_usage: float,
+               prefix: tuple[int, int] | None = None) -> str:
+        """vLLM's exposition; `prefix`: the prefix cache's (queries, hits) in tokens, as
+        vLLM v1's prefix_cache_* counters (None: no prefix cache)."""
         label = f'model_name="{_escape(model_name)}"'
         out: list[str] = []
         scalars = (
@@ -97,6 +100,13 @@ class EngineMetrics:
             ("vllm:generation_tokens_total", "counter",
              "Number of generation tokens processed.", self.generation_tokens),
         )  # fmt: skip
+        if prefix is not None:
+            scalars += (
+                ("vllm:prefix_cache_queries_total", "counter",
+                 "Prefix cache queries, in terms of number of queried tokens.", prefix[0]),
+                ("vllm:prefix_cache_hits_total", "counter",
+                 "Prefix cache hits, in terms of number of cached tokens.", prefix[1]),
+            )  # fmt: skip
         for name, kind, doc, value in scalars:
             _header(out, name, kind, doc)
             out.append(f"{name}{{{label}}} {float(value)!r}")

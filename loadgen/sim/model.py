@@ -64,6 +64,10 @@ class SimConfig:
     # `completion_tokens_details.reasoning_tokens` (completions stream plain text: that API
     # has no reasoning field). 0: no reasoning.
     reasoning_tokens: int = 0
+    # automatic prefix caching (loadgen.sim.prefix_cache), as vLLM has it on by default:
+    # the cache's size in tokens (0: no prefix cache; None: the KV budget) and its block
+    prefix_cache_tokens: int | None = None
+    prefix_block_tokens: int = 16
     # tokens a chat template adds to every chat prompt, as real servers count them
     # (llama.cpp's default template adds about 14)
     chat_template_tokens: int = 0
@@ -92,9 +96,12 @@ class SimConfig:
     def __post_init__(self) -> None:
         # A zero here would leave requests queued forever: refuse it up front.
         for name in ("slots", "kv_tokens", "prefill_chunk_tokens", "default_max_tokens",
-                     "tokens_per_chunk", "exact_chunk_tokens_max", "gpu_count"):  # fmt: skip
+                     "tokens_per_chunk", "exact_chunk_tokens_max", "gpu_count",
+                     "prefix_block_tokens"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
+            raise ValueError("prefix_cache_tokens must not be negative (0: no prefix cache)")
         if self.mean_output_tokens <= 0:
             raise ValueError("mean_output_tokens must be positive")
         if (self.exact_ttft_ms is None) != (self.exact_itl_ms is None):
@@ -130,6 +137,7 @@ class Sequence:
     __slots__ = (
         "admitted_t",
         "arrived_t",
+        "cached",
         "chunk",
         "every_token",
         "finish_reason",
@@ -154,6 +162,7 @@ class Sequence:
         self.state = WAITING
         self.kv = 0  # KV tokens held while running
         self.prefill_left = 0
+        self.cached = 0  # prompt tokens the prefix cache serves: its first prefill skips them
         self.chunk = 0  # prefill tokens granted in the current step
         self.arrived_t = now
         self.admitted_t: float | None = None
@@ -179,6 +188,7 @@ class BatchModel:
         self.exact_running = 0  # exact-timing requests, which bypass the scheduler
         self._next_spike: float | None = None
         self._chunk_k = cfg.tokens_per_chunk
+        self.prefix_cache = None  # the server's PrefixCache, if any: /metrics shows its counts
         self._prefill_s = 0.0  # the prefill share of the step in progress
         self._growth = 0  # KV tokens the step in progress will add (one per decoding sequence)
         self.scrape_state: dict[str, Any] = {}  # for dialects whose gauges are per scrape
@@ -257,12 +267,15 @@ class BatchModel:
     # ---- what handlers call
 
     def submit(
-        self, prompt_tokens: int, max_tokens: int | None, ignore_eos: bool, *, stream: bool
+        self, prompt_tokens: int, max_tokens: int | None, ignore_eos: bool, *, stream: bool,
+        cached: int = 0,
     ) -> Sequence:
-        """Queue a request; raises ContextLengthError when it could never fit."""
+        """Queue a request (`cached`: its prompt tokens the prefix cache serves); raises
+        ContextLengthError when it could never fit."""
         target, reason = self.plan_length(prompt_tokens, max_tokens, ignore_eos)
         seq = Sequence(prompt_tokens, target, reason, self.now())
         seq.every_token = stream
+        seq.cached = cached
         seq.offset = self.rng_offset()
         self.metrics.arrived += 1
         self._waiting.append(seq)
@@ -387,8 +400,10 @@ class BatchModel:
             seq.state = PREFILL
             seq.kv = need
             self._kv_used += need
-            # A preempted request is prefilled again: its prompt and what it already generated.
-            seq.prefill_left = context
+            # A preempted request is prefilled again: its prompt and what it already generated
+            # (the first time, without what the prefix cache had).
+            seq.prefill_left = max(1, context - seq.cached)
+            seq.cached = 0
             if seq.admitted_t is None:
                 seq.admitted_t = now
                 self.metrics.queue.observe(now - seq.arrived_t)

@@ -58,10 +58,11 @@ from typing import Any
 
 from aiohttp import web
 
-from loadgen.sim.faults import Faults
+from loadgen.sim.faults import REQUEST_FAULTS, FaultConfig, Faults
 from loadgen.sim.gpu import SimGpu
 from loadgen.sim.metrics import CONTENT_TYPE
 from loadgen.sim.model import DONE, BatchModel, ContextLengthError, Sequence, SimConfig
+from loadgen.sim.prefix_cache import PrefixCache, prompt_units
 
 log = logging.getLogger("loadgen.sim")
 
@@ -193,6 +194,7 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    cached_tokens: int | None = None  # served from the prefix cache (None: no cache)
 
 
 def parse_request(body: Any, *, chat: bool, template_tokens: int = 0,
@@ -358,7 +360,7 @@ class ChunkWriter:
         """The end of an empty_choices stream: the usage chunk if asked for, and [DONE]."""
         out = b""
         if self.req.include_usage:
-            out = self.prefix + b"]" + self._usage(self.seq.generated) + b"}\n\n"
+            out = self.prefix + b"]" + self._usage(self.seq.generated, True) + b"}\n\n"
         return out + _DONE
 
     def _usage_token(self, k: int) -> bytes:
@@ -380,20 +382,24 @@ class ChunkWriter:
             choice = b'{"index":0,"text":"","logprobs":null,"finish_reason":' + reason + b"}]"
         out = self._with_usage(choice, seq.generated)
         if self.req.include_usage:
-            out += self.prefix + b"]" + self._usage(seq.generated) + b"}\n\n"
+            out += self.prefix + b"]" + self._usage(seq.generated, True) + b"}\n\n"
         return out + _DONE
 
     def _with_usage(self, choices_rest: bytes, completion: int) -> bytes:
         usage = self._usage(completion) if self.req.continuous_usage else b""
         return self.prefix + choices_rest + usage + b"}\n\n"
 
-    def _usage(self, completion: int) -> bytes:
+    def _usage(self, completion: int, final: bool = False) -> bytes:
+        """The usage object; the final one also says the prompt's tokens the prefix cache
+        served (not every chunk's: the per-chunk bytes stay what they were)."""
         prompt = self.seq.prompt_tokens
         usage = b',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d' % (
             prompt,
             completion,
             prompt + completion,
         )
+        if final and self.req.cached_tokens is not None:
+            usage += b',"prompt_tokens_details":{"cached_tokens":%d}' % self.req.cached_tokens
         if self.reasoning:  # as OpenAI reports a reasoning model's share of the completion
             usage += b',"completion_tokens_details":{"reasoning_tokens":%d}' % min(
                 completion, self.reasoning)
@@ -435,6 +441,9 @@ class SimServer:
         self.words = self.tokens.table if self.tokens else PLAIN_WORDS
         self.faults = Faults(cfg.faults)
         self.engine = BatchModel(cfg, self.faults)
+        size = cfg.kv_tokens if cfg.prefix_cache_tokens is None else cfg.prefix_cache_tokens
+        self.prefix_cache = PrefixCache(size, cfg.prefix_block_tokens) if size else None
+        self.engine.prefix_cache = self.prefix_cache  # its counters go into /metrics
         self.gpu = SimGpu(self.engine)
         self.created = int(time.time())
         self.inflight = 0  # completion requests being answered right now
@@ -499,6 +508,8 @@ class SimServer:
             return exc.response()
         if req.model != self.cfg.model_name:
             return error_response(404, f"The model `{req.model}` does not exist.", "NotFoundError")
+        if self.prefix_cache is not None:
+            req.cached_tokens = self.prefix_cache.lookup(prompt_units(body, chat, self._units))
         faults = self.faults
         settings = faults.cfg
         fault = faults.draw(stream=req.stream)
@@ -524,7 +535,8 @@ class SimServer:
                 return await self._exact(request, req, arrived, chat=chat)
             try:
                 seq = self.engine.submit(
-                    req.prompt_tokens, req.max_tokens, req.ignore_eos, stream=req.stream
+                    req.prompt_tokens, req.max_tokens, req.ignore_eos, stream=req.stream,
+                    cached=req.cached_tokens or 0,
                 )
             except ContextLengthError as exc:
                 return error_response(400, str(exc), "BadRequestError")
@@ -730,6 +742,11 @@ class SimServer:
         metrics.e2e.observe(now - arrived)
         metrics.queue.observe(0.0)
 
+    def _units(self, text: str) -> list:
+        """A prompt text's units for the prefix cache: its tokens as the simulator counts
+        them (the tokenizer's ids, else its words)."""
+        return text.split() if self.tokens is None else self.tokens.ids(text, False)
+
     async def _whole(self, req: CompletionRequest, seq: Sequence, *, chat: bool) -> web.Response:
         while not seq.done:
             await self.engine.wait(seq)
@@ -758,6 +775,8 @@ class SimServer:
                     "prompt_tokens": seq.prompt_tokens,
                     "completion_tokens": seq.generated,
                     "total_tokens": seq.prompt_tokens + seq.generated,
+                    **({} if req.cached_tokens is None else
+                       {"prompt_tokens_details": {"cached_tokens": req.cached_tokens}}),
                 },
             }
         )

@@ -30,6 +30,7 @@ import msgspec
 
 from loadgen.model.outage import STALL_AFTER_S
 from loadgen.model.slo import Slo
+from loadgen.worker.conversation import ConversationMeasure, Turn
 from loadgen.worker.http_stream import Endpoint, Outcome, StreamConnection, open_connection
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.sse import Chunk
@@ -71,11 +72,15 @@ class StreamingClient:
         t_intended: float | None = None,
         cancel_after_tokens: int | None = None,
         cancel_after_s: float | None = None,
+        asked_out: int = 0,
+        turn: Turn | None = None,
     ) -> bool:
         """One streamed request; never raises except CancelledError (counted first).
 
         Returns False when the server could not be reached at all, so that a closed-loop
-        user backs off instead of spinning on refused connections."""
+        user backs off instead of spinning on refused connections. `asked_out`: the output
+        length asked exactly (a count that differs is counted); `turn`: a conversation's
+        turn, which the measure fills in (its reply's text, whether it completed)."""
         self.in_flight += 1
         payload = self.endpoint.request_bytes(body)
         conn: StreamConnection | None = None
@@ -86,10 +91,10 @@ class StreamingClient:
         t0_ns = time_ns() if self.calibrate else None
         if t_intended is not None:
             self.rec.lag.append(max(0.0, (t0 - t_intended) * 1e6))
-        measure = StreamMeasure(
+        measure = (StreamMeasure if turn is None else ConversationMeasure)(
             self.rec, t0, prompt_words, t_intended=t_intended, slo=self.slo,
             t0_wall_ns=t0_ns, cancel_after_tokens=cancel_after_tokens,
-            chunk_tokens=self.chunk_tokens,
+            chunk_tokens=self.chunk_tokens, asked_out=asked_out, turn=turn,
         )
         self._live.add(measure)
         try:

@@ -10,7 +10,10 @@
   sharegpt:FILE   ShareGPT conversations, a JSON array (ShareGPT_V3_unfiltered_cleaned_split
                   .json) or JSONL, each `{"conversations": [{"from": "human", "value": …},
                   {"from": "gpt", …}, …]}`: the first human turn is the prompt.
-                  Conversations without one are skipped and counted.
+                  Conversations without one are skipped and counted. With --turns, a
+                  conversation's human turns in order (load_sharegpt_turns); with
+                  --output-tokens dataset, max_tokens is the length of the reply that
+                  followed each human turn in the file (as `vllm bench serve` does).
   jsonl:FILE      one prompt a line: `{"prompt": …}`, `{"text": …}` or a ShareGPT
                   conversation (`--prompts FILE` is the same).
 
@@ -27,7 +30,7 @@ import math
 import mmap
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -233,6 +236,43 @@ def load_sharegpt(path: str) -> tuple[list[str], int]:
         raise DatasetError(f"{path} has no conversation with a human turn "
                            f"({skipped} without one)")
     return prompts, skipped
+
+
+# a conversation's human turns, each with the length of the reply that followed it (0: none)
+Conversations = list[tuple[tuple[str, int], ...]]
+
+
+def load_sharegpt_turns(path: str, count: Callable[[str], int] | None = None) -> Conversations:
+    """Every conversation's human turns of a ShareGPT file, each with its reply's length
+    (`count`: tokens by a tokenizer, else its words); conversations without a human turn
+    are left out. Only the human turns' text is kept; the replies are counted, not kept."""
+    conversations = _sharegpt_array(path) if _starts_with_bracket(path) else _sharegpt_lines(path)
+    out: Conversations = []
+    for conv in conversations:
+        turns = _human_turns(conv, count or _words)
+        if turns:
+            out.append(turns)
+    if not out:
+        raise DatasetError(f"{path} has no conversation with a human turn")
+    return out
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def _human_turns(conv: _Conversation, count: Callable[[str], int]) -> tuple[tuple[str, int], ...]:
+    turns: list[tuple[str, int]] = []
+    for t in conv.conversations:
+        value = msgspec.json.decode(t.value) if t.value else None
+        if not isinstance(value, str):
+            continue
+        if t.speaker in HUMAN:
+            if value.strip():
+                turns.append((value, 0))
+        elif turns and not turns[-1][1]:  # the reply to the last human turn
+            turns[-1] = (turns[-1][0], count(value))
+    return tuple(turns)
 
 
 def _starts_with_bracket(path: str) -> bool:

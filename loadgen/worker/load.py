@@ -40,6 +40,7 @@ the trace's start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -84,13 +85,20 @@ RECONNECT_BACKOFF_S = (0.05, 1.0)
 
 
 class ClosedLoop:
-    def __init__(self, send_one: Callable[[], Awaitable[bool]]) -> None:
+    """`send_one(user)` sends user `user`'s next request; `think(user)`, if given, is the
+    seconds that user waits after a request before its next (a conversation's think time:
+    the drain ends the wait at once, so a thinking user never holds a stop up)."""
+
+    def __init__(self, send_one: Callable[[int], Awaitable[bool]],
+                 think: Callable[[int], float] | None = None) -> None:
         self._send_one = send_one
+        self._think = think
         self.target = 0
         self._users: dict[int, asyncio.Task] = {}
         self._running = asyncio.Event()
         self._running.set()
         self._stopping = False
+        self._stopped = asyncio.Event()
 
     @property
     def active_users(self) -> int:
@@ -126,15 +134,24 @@ class ClosedLoop:
             if not self._running.is_set():
                 await self._running.wait()
                 continue
-            if await self._send_one():
+            if await self._send_one(uid):
                 backoff = first
+                wait = self._think(uid) if self._think is not None else 0.0
+                if wait > 0 and not self._stopping:
+                    await self._sleep(wait)
             else:
                 await asyncio.sleep(backoff)
                 backoff = min(cap, backoff * 2)
 
+    async def _sleep(self, seconds: float) -> None:
+        """Wait `seconds`, or less if the loop stops meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), seconds)
+
     async def drain(self, grace: float) -> None:
         """Stop sending; let in-flight requests finish for `grace` seconds, then cancel them."""
         self._stopping = True
+        self._stopped.set()
         self.target = 0
         self._running.set()  # paused users must wake up to leave
         await finish_within(list(self._users.values()), grace)

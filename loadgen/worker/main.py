@@ -18,12 +18,13 @@ from collections.abc import Callable
 
 from loadgen.worker import eventloop, wire
 from loadgen.worker.client import StreamingClient
+from loadgen.worker.conversation import Conversation, Turn
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.limits import raise_open_file_limit
 from loadgen.worker.load import ClosedLoop, OpenLoop, Schedule
 from loadgen.worker.sse import Chunk
 from loadgen.worker.trace import read_trace
-from loadgen.worker.workload import RequestFactory
+from loadgen.worker.workload import Prepared, RequestFactory
 
 log = logging.getLogger("tokentop.worker")
 
@@ -65,7 +66,11 @@ class Worker:
         self.sent = 0
         url = cfg.base_url.rstrip("/") + cfg.workload.path
         self.client = make_client(cfg, url, self.rec, self.factory.chunk_tokens)
-        self.closed = ClosedLoop(self._send_one)
+        # multi-turn: each closed-loop user's conversation, by user
+        self.conversations: dict[int, Conversation] = {}
+        turns = cfg.workload.turns > 1
+        self.closed = ClosedLoop(self._send_turn if turns else self._send_one,
+                                 self._think if turns else None)
         # one seed for every worker: they all draw the same global arrival sequence
         self.open = OpenLoop(self._send_at, cfg.workload.seed, self._backlog_overflow)
         # read now, before this worker answers that it is up: not while arrivals are due
@@ -82,31 +87,62 @@ class Worker:
 
     # ---- sending ------------------------------------------------------------------------
 
-    async def _send_one(self) -> bool:
+    async def _send_one(self, user: int = 0) -> bool:
         return await self._send_at(None)
+
+    async def _send_turn(self, user: int) -> bool:
+        """User `user`'s next turn of its conversation (loadgen.worker.conversation)."""
+        if self._used_up():
+            return True
+        conv = self.conversations.get(user)
+        if conv is None:
+            conv = self.conversations[user] = Conversation()
+        prep, turn = self.factory.turn(conv)
+        try:
+            return await self._send(prep, None, turn)
+        finally:
+            conv.answered(turn)
+
+    def _think(self, user: int) -> float:
+        """The think time before user `user`'s next turn: none before a new conversation."""
+        conv = self.conversations.get(user)
+        if conv is None or not conv.turn or conv.turn >= conv.limit:
+            return 0.0
+        return self.cfg.workload.think_time.draw(self.rng)
 
     async def _send_at(self, t_intended: float | None, entry: int = -1) -> bool:
         """One request; False when the server could not be reached (the user backs off)."""
+        if self._used_up():
+            return True
+        if entry >= 0 and self.trace is not None:  # a trace's entry: its own lengths
+            prep = self.factory.sized(int(self.trace.inputs[entry]),
+                                      int(self.trace.outputs[entry]), self.trace.blocks(entry))
+        else:
+            prep = self.factory.next()
+        return await self._send(prep, t_intended)
+
+    def _used_up(self) -> bool:
+        """True when this worker's share of --requests is used up (it then stops asking for
+        more); else counts the request about to go."""
         limit = self.spec.max_requests
         if limit is None:
             limit = self.cfg.max_requests
         if limit is not None and self.sent >= limit:
-            # this worker's share of --requests is used up: stop asking for more
             self.closed.set_target(0)
             self.open.set(None, self.open.cap)
             return True
         self.sent += 1
-        if entry >= 0 and self.trace is not None:  # a trace's entry: its own lengths
-            body, words = self.factory.sized(int(self.trace.inputs[entry]),
-                                             int(self.trace.outputs[entry]))
-        else:
-            body, words = self.factory.next()
+        return False
+
+    async def _send(self, prep: Prepared, t_intended: float | None,
+                    turn: Turn | None = None) -> bool:
         c = self.cfg.cancelling
         abandon = c.rate > 0 and self.rng.random() < c.rate
         return await self.client.request(
-            body, words, t_intended,
+            prep.body, prep.asked, t_intended,
             cancel_after_tokens=c.after_tokens if abandon else None,
             cancel_after_s=c.after_s if abandon else None,
+            asked_out=prep.asked_out, turn=turn,
         )
 
     def _backlog_overflow(self) -> None:

@@ -25,6 +25,7 @@ import openai
 from loadgen.model.outage import STALL_AFTER_S
 from loadgen.model.slo import Slo
 from loadgen.worker.client import http_error
+from loadgen.worker.conversation import ConversationMeasure, Turn
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.sse import Choice, Chunk, Delta, Usage
 from loadgen.worker.stream_measure import StreamMeasure
@@ -71,6 +72,8 @@ class OpenAIClient:
         t_intended: float | None = None,
         cancel_after_tokens: int | None = None,
         cancel_after_s: float | None = None,
+        asked_out: int = 0,
+        turn: Turn | None = None,
     ) -> bool:
         """As StreamingClient.request: False when the server could not be reached."""
         params = msgspec.json.decode(body)
@@ -81,9 +84,10 @@ class OpenAIClient:
         t0 = perf_counter()
         if t_intended is not None:
             self.rec.lag.append(max(0.0, (t0 - t_intended) * 1e6))
-        m = StreamMeasure(self.rec, t0, prompt_words, t_intended=t_intended, slo=self.slo,
-                          cancel_after_tokens=cancel_after_tokens,
-                          chunk_tokens=self.chunk_tokens)
+        m = (StreamMeasure if turn is None else ConversationMeasure)(
+            self.rec, t0, prompt_words, t_intended=t_intended, slo=self.slo,
+            cancel_after_tokens=cancel_after_tokens, chunk_tokens=self.chunk_tokens,
+            asked_out=asked_out, turn=turn)
         self._live.add(m)
         try:
             async with asyncio.timeout(limit):

@@ -86,10 +86,19 @@ class CompletionDetails(msgspec.Struct):
     reasoning_tokens: int | None = None  # of completion_tokens, those the model reasoned
 
 
+class PromptDetails(msgspec.Struct):
+    cached_tokens: int | None = None  # of prompt_tokens, those served from the prefix cache
+
+
 class Usage(msgspec.Struct):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     completion_tokens_details: CompletionDetails | None = None
+    prompt_tokens_details: PromptDetails | None = None
+
+
+class Timings(msgspec.Struct):
+    cache_n: int | None = None  # llama.cpp: prompt tokens reused from its cache
 
 
 class ErrorBody(msgspec.Struct):
@@ -100,6 +109,7 @@ class Chunk(msgspec.Struct):
     choices: list[Choice] = []
     usage: Usage | None = None
     error: ErrorBody | None = None
+    timings: Timings | None = None  # llama.cpp's, on the last chunk
     tokentop_sent_ns: int | None = None  # the simulator's send time in exact-timing mode
 
     def has_text(self) -> bool:

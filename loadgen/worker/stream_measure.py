@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -34,6 +35,9 @@ import numpy as np
 from loadgen.model.slo import Slo
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.sse import DONE, Chunk, SseParser, chunk_decoder
+
+if TYPE_CHECKING:
+    from loadgen.worker.conversation import Turn
 
 US = 1e6
 
@@ -66,6 +70,7 @@ class StreamMeasure:
 
     __slots__ = (
         "answer_at",
+        "asked_out",
         "cancel_after_tokens",
         "chunks",
         "continuous",
@@ -89,6 +94,8 @@ class StreamMeasure:
         "t0_wall_ns",
         "t_intended",
         "thinking",
+        "turn",
+        "usage_cached",
         "usage_in",
         "usage_out",
         "usage_reasoning",
@@ -105,8 +112,12 @@ class StreamMeasure:
         t0_wall_ns: int | None = None,
         cancel_after_tokens: int | None = None,
         chunk_tokens: Callable[[Chunk], int] | None = None,
+        asked_out: int = 0,
+        turn: Turn | None = None,
     ) -> None:
         self.rec = rec
+        self.asked_out = asked_out  # the output length asked exactly (0: none asked)
+        self.turn = turn  # a conversation's turn (loadgen.worker.conversation), else None
         # a local tokenizer's count of a chunk's tokens (None: none loaded); used only when
         # the stream turns out to have no per-chunk usage (`counted`)
         self.count_tokens = chunk_tokens
@@ -130,6 +141,7 @@ class StreamMeasure:
         self.lens = array("d")
         self.usage_out: int | None = None
         self.usage_in: int | None = None
+        self.usage_cached: int | None = None  # prompt tokens the server's cache served
         self.done = False
         self.ended = False
         self.sent_ns: int | None = None
@@ -187,6 +199,11 @@ class StreamMeasure:
         if usage is not None:
             if usage.prompt_tokens is not None:
                 self.usage_in = usage.prompt_tokens
+                details = usage.prompt_tokens_details
+                if details is not None and details.cached_tokens is not None:
+                    self.usage_cached = details.cached_tokens
+                elif chunk.timings is not None and chunk.timings.cache_n is not None:
+                    self.usage_cached = chunk.timings.cache_n  # llama.cpp's own figure
             out = usage.completion_tokens
             if out is not None:
                 if size and (self.continuous or not self.chunks):
@@ -351,17 +368,26 @@ class StreamMeasure:
         c.completed_output_tokens += out
         if self.reasoning_k or self.usage_reasoning:
             self._count_reasoning(out)
-        if self.usage_in is not None:
-            c.input_tokens += self.usage_in
+        prompt = self.usage_in
+        if prompt is not None:
+            c.input_tokens += prompt
             c.input_tokens_asked += self.prompt_words
         else:
             # without usage the prompt's word count stands in (synthetic prompts are ~1
             # token a word)
-            c.input_tokens += self.prompt_words
-            c.estimated_input_tokens += self.prompt_words
+            prompt = self.prompt_words
+            c.input_tokens += prompt
+            c.estimated_input_tokens += prompt
+        if self.usage_cached is not None:
+            c.cached_tokens += self.usage_cached
+            c.cache_reported_input_tokens += prompt
+        if self.asked_out and self.usage_out is not None and self.usage_out != self.asked_out:
+            c.output_differs += 1
         e2e = (self.last - self.t0) * US
         rec.e2e.append(e2e)
         ttft = (self.first - self.t0) * US
+        if self.turn is not None:
+            self._count_turn(ttft, prompt, out)
         if self.t_intended is not None:
             # open loop: the user waited from the intended send time (coordinated omission)
             e2e = (self.last - self.t_intended) * US
@@ -373,6 +399,18 @@ class StreamMeasure:
             rec.tpot.append(tpot)
         if self.slo is not None and self.slo.met(ttft, tpot, e2e):
             c.requests_good += 1
+
+    def _count_turn(self, ttft: float, prompt: int, out: int) -> None:
+        """A conversation's turn completed: its row of the per-turn counters, and what the
+        conversation needs to go on (the reply's tokens)."""
+        turn = self.turn
+        row = self.rec.counters.turn(turn.number)
+        row.requests += 1
+        row.ttft_us += round(ttft)
+        row.input_tokens += prompt
+        row.cached_tokens += self.usage_cached or 0
+        turn.ok = True
+        turn.completion_tokens = out
 
     def _tail(self) -> str:
         pending = self.parser.pending

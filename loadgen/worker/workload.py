@@ -23,10 +23,20 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import msgspec
 
-from loadgen.worker.dataset import Dataset, TextWindows, open_source, resolved
+from loadgen.worker.conversation import Conversation, Turn
+from loadgen.worker.dataset import (
+    Conversations,
+    Dataset,
+    TextWindows,
+    load_sharegpt_turns,
+    open_source,
+    resolved,
+)
 from loadgen.worker.tokenizer import ChunkTokens, load_tokenizer
 
 _VOCAB = (
@@ -39,10 +49,46 @@ _VOCAB = (
 ).split()
 
 DIST_KINDS = ("fixed", "uniform", "normal", "lognormal")
+# a trace's prefix blocks kept made (each a list of 512 words: 4 KB of pointers), so that
+# the blocks requests share are not drawn again for every request
+BLOCKS_KEPT = 1024
 
 
 class WorkloadError(ValueError):
     """A workload setting or prompt file that cannot be used; the text says why."""
+
+
+def _parse_dist(text: str | int, what: str, example: str, minimum: float) -> tuple:
+    """(kind, a, b) of a distribution's text (module docstring), values ≥ `minimum`."""
+    parts = str(text).strip().split(":")
+    try:
+        if len(parts) == 1:  # a plain number is a fixed value, checked below like any
+            kind, values = "fixed", [float(parts[0])]
+        else:
+            kind, *nums = parts
+            values = [float(x) for x in nums]
+    except ValueError:
+        raise WorkloadError(f"bad {what} {text!r}: use e.g. {example}") from None
+    if kind not in DIST_KINDS or len(values) != (1 if kind == "fixed" else 2):
+        raise WorkloadError(f"bad {what} {text!r}: kinds are {', '.join(DIST_KINDS)}")
+    if values[0] < minimum or (kind == "uniform" and values[1] < values[0]):
+        raise WorkloadError(f"bad {what} {text!r}: values must be ≥ {minimum:g} and "
+                            "low ≤ high")
+    return kind, values[0], values[1] if len(values) > 1 else 0.0
+
+
+def _draw(kind: str, a: float, b: float, rng: random.Random) -> float:
+    if kind == "fixed":
+        return a
+    if kind == "uniform":
+        return rng.uniform(a, b)
+    if kind == "normal":
+        return rng.gauss(a, b)
+    return rng.lognormvariate(math.log(a), b) if a > 0 else 0.0
+
+
+def _describe(kind: str, a: float, b: float) -> str:
+    return f"{a:g}" if kind == "fixed" else f"{kind}:{a:g}:{b:g}"
 
 
 class LengthDist(msgspec.Struct, frozen=True):
@@ -52,32 +98,14 @@ class LengthDist(msgspec.Struct, frozen=True):
 
     @classmethod
     def parse(cls, text: str | int) -> LengthDist:
-        parts = str(text).strip().split(":")
-        try:
-            if len(parts) == 1:  # a plain number is a fixed length, checked below like any
-                kind, values = "fixed", [float(int(parts[0]))]
-            else:
-                kind, *nums = parts
-                values = [float(x) for x in nums]
-        except ValueError:
-            raise WorkloadError(f"bad length {text!r}: use e.g. 128, uniform:64:256, "
-                                "normal:128:32 or lognormal:128:0.5") from None
-        if kind not in DIST_KINDS or len(values) != (1 if kind == "fixed" else 2):
-            raise WorkloadError(f"bad length {text!r}: kinds are {', '.join(DIST_KINDS)}")
-        if values[0] < 1 or (kind == "uniform" and values[1] < values[0]):
-            raise WorkloadError(f"bad length {text!r}: lengths must be ≥ 1 and low ≤ high")
-        return cls(kind, values[0], values[1] if len(values) > 1 else 0.0)
+        kind, a, b = _parse_dist(text, "length", "128, uniform:64:256, normal:128:32 or "
+                                 "lognormal:128:0.5", 1)
+        if kind == "fixed" and a != int(a):
+            raise WorkloadError(f"bad length {text!r}: a fixed length is a whole number")
+        return cls(kind, a, b)
 
     def draw(self, rng: random.Random) -> int:
-        if self.kind == "fixed":
-            x = self.a
-        elif self.kind == "uniform":
-            x = rng.uniform(self.a, self.b)
-        elif self.kind == "normal":
-            x = rng.gauss(self.a, self.b)
-        else:
-            x = rng.lognormvariate(math.log(self.a), self.b)
-        return max(1, round(x))
+        return max(1, round(_draw(self.kind, self.a, self.b, rng)))
 
     @property
     def mean(self) -> float:
@@ -88,9 +116,28 @@ class LengthDist(msgspec.Struct, frozen=True):
         return self.a
 
     def __str__(self) -> str:
-        if self.kind == "fixed":
-            return f"{self.a:g}"
-        return f"{self.kind}:{self.a:g}:{self.b:g}"
+        return _describe(self.kind, self.a, self.b)
+
+
+class ThinkTime(msgspec.Struct, frozen=True):
+    """Seconds a user of a conversation waits before its next turn (`--think-time`), the
+    same forms as the lengths (2, uniform:1:3, lognormal:2:0.5), clamped at 0."""
+
+    kind: str = "fixed"
+    a: float = 0.0
+    b: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> ThinkTime:
+        text = str(text).strip()
+        return cls(*_parse_dist(text.removesuffix("s") if ":" not in text else text,
+                                "think time", "2, 0.5s, uniform:1:3 or lognormal:2:0.5", 0))
+
+    def draw(self, rng: random.Random) -> float:
+        return max(0.0, _draw(self.kind, self.a, self.b, rng))
+
+    def __str__(self) -> str:
+        return _describe(self.kind, self.a, self.b) + " s"
 
 
 class Workload(msgspec.Struct, kw_only=True, frozen=True):
@@ -110,6 +157,15 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True):
     # (synthetic prompts of them are exactly the asked length). Neither: approx.
     tokenizer: str | None = None
     one_token_words: tuple[str, ...] = ()
+    # multi-turn conversations (loadgen.worker.conversation): user turns per conversation
+    # (1: single requests) and the think time between them
+    turns: int = 1
+    think_time: ThinkTime = ThinkTime()
+    # a trace's prefix blocks (Mooncake's hash_ids): tokens a block
+    trace_block_tokens: int = 512
+    # --output-tokens dataset: max_tokens is the length of the reply the dataset's
+    # conversation had after the prompt (ShareGPT), else output_tokens
+    output_from_dataset: bool = False
 
     @property
     def path(self) -> str:
@@ -119,7 +175,19 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True):
         source = resolved(self.dataset, self.prompts_file).describe(
             self.input_tokens, "tokens" if self.tokenizer else "words")
         prefix = f", {self.shared_prefix} shared" if self.shared_prefix else ""
-        return f"{self.api}, {source}{prefix} → {self.output_tokens} out"
+        turns = (f", conversations of {self.turns} turns, think {self.think_time}"
+                 if self.turns > 1 else "")
+        return f"{self.api}, {source}{prefix} → {self.output_tokens} out{turns}"
+
+
+class Prepared(NamedTuple):
+    """A request ready to send: its body, the prompt's asked length (tokens with a
+    tokenizer, else words; a conversation's whole history) and the output length asked
+    exactly (ignore_eos; 0: the model may stop when it likes)."""
+
+    body: bytes
+    asked: int
+    asked_out: int = 0
 
 
 class RequestFactory:
@@ -130,33 +198,121 @@ class RequestFactory:
         self.rng = random.Random(workload.seed * 1000 + worker_index)
         self.serial = 0
         self.worker_index = worker_index
-        # a dataset file's prompts (a list, or text windows); None: synthetic
-        self.prompts = open_source(resolved(workload.dataset, workload.prompts_file),
-                                   worker_index, workload.seed)
         # --tokenizer: words one token each (exact prompts), else a local tokenizer to cut
         # prompts to length, else about one token a word (approx.); the local tokenizer also
         # counts the tokens of each chunk when the server sends no per-chunk usage
         self.words = workload.one_token_words or _VOCAB
         self.tokenizer = load_tokenizer(workload.tokenizer) if workload.tokenizer else None
         self.chunk_tokens = ChunkTokens(self.tokenizer) if self.tokenizer else None
+        source = resolved(workload.dataset, workload.prompts_file)
+        # ShareGPT conversations whole (their human turns and replies' lengths), for --turns
+        # and --output-tokens dataset; else a dataset file's prompts (a list, or text
+        # windows), None for synthetic ones
+        self.dialogues: Conversations | None = None
+        self.prompts = None
+        if source.kind == "sharegpt" and (workload.turns > 1 or workload.output_from_dataset):
+            self.dialogues = load_sharegpt_turns(str(source.path), self._counter())
+        else:
+            self.prompts = open_source(source, worker_index, workload.seed)
         prefix_rng = random.Random(workload.seed)  # the same prefix in every worker
         self.prefix = " ".join(prefix_rng.choices(self.words, k=workload.shared_prefix))
         self._encode = msgspec.json.Encoder().encode
+        self._blocks: dict[int, list[str]] = {}  # a trace's prefix blocks, by id
 
-    def next(self) -> tuple[bytes, int]:
-        """(body, the prompt's asked length: tokens with a tokenizer, else its words)."""
+    def next(self) -> Prepared:
+        """The next single request."""
         self.serial += 1
-        prompt, asked = self._prompt()
-        return self._body(prompt, self.w.output_tokens.draw(self.rng)), asked
+        if self.dialogues is not None:  # a conversation's first human turn, and its reply
+            text, reply = self._dialogue()[0]
+            prompt, asked = self._prefixed(text)
+            out = self._output(reply)
+        else:
+            prompt, asked = self._prompt()
+            out = self.w.output_tokens.draw(self.rng)
+        return Prepared(self._body(prompt, out), asked, self._exact_out(out))
 
-    def sized(self, n_in: int, n_out: int) -> tuple[bytes, int]:
+    def _dialogue(self) -> tuple[tuple[str, int], ...]:
+        """The next dataset conversation (each worker from its own offset)."""
+        assert self.dialogues is not None
+        return self.dialogues[(self.serial - 1 + self.worker_index * 9973) % len(self.dialogues)]
+
+    def _output(self, reply: int) -> int:
+        """max_tokens: the dataset reply's length (--output-tokens dataset), else drawn."""
+        if self.w.output_from_dataset and reply > 0:
+            return reply
+        return self.w.output_tokens.draw(self.rng)
+
+    def _prefixed(self, text: str, bare: bool = False) -> tuple[str, int]:
+        text = f"{self.prefix} {text}" if self.prefix and not bare else text
+        return text, self._length(text)
+
+    def _counter(self):
+        """Tokens of a text by the local tokenizer (None: words are counted)."""
+        tok = self.tokenizer
+        if tok is None:
+            return None
+        return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+
+    def sized(self, n_in: int, n_out: int, blocks: Sequence[int] = ()) -> Prepared:
         """A request of given lengths (a trace's entry): a synthetic prompt of n_in tokens
-        (exact with a tokenizer, else words) asking for n_out; (body, asked length)."""
+        (exact with a tokenizer, else words) asking for n_out; with prefix block ids, the
+        prompt is those blocks' text (loadgen.worker.trace)."""
         self.serial += 1
-        prompt, asked = self._synthetic(n_in)
-        return self._body(prompt, n_out), asked
+        prompt, asked = self._blocked(n_in, blocks) if len(blocks) else self._synthetic(n_in)
+        return Prepared(self._body(prompt, n_out), asked, self._exact_out(n_out))
 
-    def _body(self, prompt: str, max_tokens: int) -> bytes:
+    def _blocked(self, n: int, blocks: Sequence[int]) -> tuple[str, int]:
+        """n tokens made of prefix blocks: each block id's words (seeded by the id, so two
+        requests with the same ids share that prefix exactly), cut at n, and drawn words
+        after the last block if the blocks are fewer than n tokens."""
+        words: list[str] = []
+        for bid in blocks:
+            if len(words) >= n:
+                break
+            words += self._block(int(bid))[:n - len(words)]
+        if len(words) < n:
+            words += self.rng.choices(self.words, k=n - len(words))
+        text = " ".join(words)
+        if self.tokenizer is not None and not self.w.one_token_words:
+            return self._trimmed(text, n)
+        return text, n
+
+    def _block(self, bid: int) -> list[str]:
+        """A prefix block's words, made once and kept (the most recent BLOCKS_KEPT)."""
+        got = self._blocks.get(bid)
+        if got is None:
+            if len(self._blocks) >= BLOCKS_KEPT:
+                del self._blocks[next(iter(self._blocks))]
+            rng = random.Random(f"{self.w.seed}:{bid}")
+            got = self._blocks[bid] = rng.choices(self.words, k=self.w.trace_block_tokens)
+        return got
+
+    def turn(self, conv: Conversation) -> tuple[Prepared, Turn]:
+        """The next turn of `conv` (a new conversation after its last turn): a new user
+        message drawn as any prompt (the shared prefix opens a conversation only), sent
+        with the whole history."""
+        if conv.turn >= conv.limit:
+            conv.reset()
+        self.serial += 1
+        if self.dialogues is None:
+            conv.limit = self.w.turns
+            text, asked = self._prompt(bare=conv.turn > 0)
+            out = self.w.output_tokens.draw(self.rng)
+        else:  # a dataset conversation's human turns in order, as many as it has
+            if not conv.turn:
+                conv.source = self._dialogue()
+                conv.limit = min(self.w.turns, len(conv.source))
+            human, reply = conv.source[conv.turn]
+            text, asked = self._prefixed(human, bare=conv.turn > 0)
+            out = self._output(reply)
+        turn = conv.ask(text, asked)
+        body = self._body(text, out, conv.messages)
+        return Prepared(body, conv.asked, self._exact_out(out)), turn
+
+    def _exact_out(self, max_tokens: int) -> int:
+        return max_tokens if self.w.ignore_eos else 0
+
+    def _body(self, prompt: str, max_tokens: int, messages: list[dict] | None = None) -> bytes:
         w = self.w
         body: dict = {"model": w.model, "max_tokens": max_tokens, "stream": True}
         options = {"include_usage": True}
@@ -169,44 +325,44 @@ class RequestFactory:
             # output length is then exactly what was asked
             body["min_tokens"] = max_tokens
         if w.api == "chat":
-            body["messages"] = [{"role": "user", "content": prompt}]
+            body["messages"] = messages or [{"role": "user", "content": prompt}]
         else:
             body["prompt"] = prompt
         return self._encode(body)
 
-    def _prompt(self) -> tuple[str, int]:
+    def _prompt(self, bare: bool = False) -> tuple[str, int]:
         """The next prompt and its asked length (tokens by the tokenizer where there is one,
-        the chat template and special tokens not included; else its words)."""
+        the chat template and special tokens not included; else its words). `bare`: without
+        the shared prefix (a conversation's later turns)."""
         if isinstance(self.prompts, TextWindows):  # real text, cut to the asked length
-            return self._window()
+            return self._window(bare)
         if self.prompts is not None:
             i = (self.serial - 1 + self.worker_index * 9973) % len(self.prompts)
-            text = self.prompts[i]
-            text = f"{self.prefix} {text}" if self.prefix else text
-            return text, self._length(text)
-        return self._synthetic(self.w.input_tokens.draw(self.rng))
+            return self._prefixed(self.prompts[i], bare)
+        return self._synthetic(self.w.input_tokens.draw(self.rng), bare)
 
-    def _synthetic(self, n: int) -> tuple[str, int]:
+    def _synthetic(self, n: int, bare: bool = False) -> tuple[str, int]:
         """A synthetic prompt of n tokens (words without a tokenizer)."""
         if self.w.one_token_words:
-            return self._exact(n)
-        words = [self.prefix] if self.prefix else []
+            return self._exact(n, bare)
+        shared = 0 if bare else self.w.shared_prefix
+        words = [self.prefix] if self.prefix and not bare else []
         words.append(f"r{self.worker_index}-{self.serial}")
-        words += self.rng.choices(_VOCAB, k=max(0, n - 1 - self.w.shared_prefix))
+        words += self.rng.choices(_VOCAB, k=max(0, n - 1 - shared))
         text = " ".join(words)
         if self.tokenizer is not None:
             return self._trimmed(text, n)
         return text, len(text.split())
 
-    def _window(self) -> tuple[str, int]:
+    def _window(self, bare: bool = False) -> tuple[str, int]:
         """A text dataset's prompt: the shared prefix, this request's serial number (as in
         synthetic prompts: prefix caching helps only as much as the prefix says), then the
         file's next words, n in all; with a tokenizer, that cut to n tokens (text has more
         tokens than words, so the cut is nearly always exact)."""
         assert isinstance(self.prompts, TextWindows)
         n = self.w.input_tokens.draw(self.rng)
-        head = f"{self.prefix} " if self.prefix else ""
-        text = self.prompts.window(n - 1 - self.w.shared_prefix)
+        head = f"{self.prefix} " if self.prefix and not bare else ""
+        text = self.prompts.window(n - 1 - (0 if bare else self.w.shared_prefix))
         text = f"{head}r{self.worker_index}-{self.serial} {text}".rstrip()
         if self.tokenizer is not None:
             return self._trimmed(text, n)
@@ -217,15 +373,16 @@ class RequestFactory:
             return len(text.split())
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def _exact(self, n: int) -> tuple[str, int]:
-        """n one-token words: the shared prefix, this request's marker, then drawn words
-        (longer than n only where the prefix and the marker alone are)."""
+    def _exact(self, n: int, bare: bool = False) -> tuple[str, int]:
+        """n one-token words: the shared prefix (unless `bare`), this request's marker, then
+        drawn words (longer than n only where the prefix and the marker alone are)."""
         marker = self._marker()
-        fill = max(0, n - self.w.shared_prefix - len(marker))
-        parts = [self.prefix] if self.prefix else []
+        shared = 0 if bare else self.w.shared_prefix
+        fill = max(0, n - shared - len(marker))
+        parts = [self.prefix] if self.prefix and not bare else []
         parts += marker
         parts += self.rng.choices(self.words, k=fill)
-        return " ".join(parts), self.w.shared_prefix + len(marker) + fill
+        return " ".join(parts), shared + len(marker) + fill
 
     def _marker(self) -> list[str]:
         """This request's serial and this worker's index written in one-token words, so the

@@ -165,7 +165,7 @@ async def test_goodput_counts_requests_inside_the_slo(sim):
 
 
 def test_bad_settings_are_sentences():
-    with pytest.raises(ConfigError, match="bad length '0': lengths must be ≥ 1"):
+    with pytest.raises(ConfigError, match="bad length '0': values must be ≥ 1"):
         RunConfig(input_tokens="0").parsed()  # a 0-token prompt cannot be asked for
     with pytest.raises(ConfigError, match="bad length 'uniform:9'"):
         RunConfig(output_tokens="uniform:9").parsed()

@@ -42,7 +42,7 @@ def workload(spec: str, **kw) -> Workload:
 def prompts(factory: RequestFactory, n: int, api: str = "chat") -> list[str]:
     out = []
     for _ in range(n):
-        body, _ = factory.next()
+        body = factory.next().body
         req = msgspec.json.decode(body)
         out.append(req["messages"][0]["content"] if api == "chat" else req["prompt"])
     return out

@@ -165,6 +165,9 @@ def _add_load_arguments(p: argparse.ArgumentParser) -> None:
                    "the run stops when it is done")
     w.add_argument("--trace-speed", type=positive(float),
                    help="--trace: play its time this many times faster (default 1)")
+    w.add_argument("--trace-block-tokens", type=whole(1),
+                   help="--trace: tokens a prefix block of its hash_ids (default 512, "
+                   "Mooncake's)")
     w.add_argument("--ramp", help="linear:FROM:TO:SECONDS or step:START:STEP:SECONDS[:MAX]")
     w.add_argument("--auto-ramp", action="store_true",
                    help="double the streams while the --slo holds, settle at the boundary")
@@ -176,7 +179,9 @@ def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
     k = p.add_argument_group("workload")
     k.add_argument("--input-tokens", default="128",
                    help="prompt length: 128, uniform:64:256, normal:128:32, lognormal:128:0.5")
-    k.add_argument("--output-tokens", default="128", help="max_tokens, same forms")
+    k.add_argument("--output-tokens", default="128",
+                   help="max_tokens, same forms; dataset: the length of the reply that "
+                   "followed each prompt in a ShareGPT --dataset")
     k.add_argument("--shared-prefix", type=whole(0), default=0,
                    help="words every prompt shares at the start (prefix-cache studies)")
     k.add_argument("--dataset", metavar="KIND[:FILE]",
@@ -186,6 +191,13 @@ def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
     k.add_argument("--prompts", "--prompts-file", dest="prompts_file", metavar="FILE",
                    help="JSONL prompts ({\"prompt\": …} or ShareGPT conversations): the same "
                    "as --dataset jsonl:FILE")
+    k.add_argument("--turns", type=whole(1),
+                   help="multi-turn conversations: user turns per conversation, each stream "
+                   "a user sending its history with each turn (closed loop, chat API; "
+                   "default 1: single requests)")
+    k.add_argument("--think-time", metavar="SECONDS",
+                   help="a user's wait between turns: 2, 0.5s, uniform:1:3, lognormal:2:0.5 "
+                   "(default 0)")
     k.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="let the model stop early (default: ask for exactly max_tokens)")
     k.add_argument("--no-continuous-usage", dest="continuous_usage", action="store_false",
@@ -357,6 +369,10 @@ def _add_model_arguments(g: argparse._ArgumentGroup) -> None:
         "exact-timing mode: 1..N tokens a chunk, drawn per chunk (seeded)")
     opt("--reasoning-tokens", "reasoning_tokens", int,
         "a reasoning model: the first N tokens of each chat answer sent as reasoning_content")
+    g.add_argument("--prefix-cache-tokens", dest="prefix_cache_tokens", type=int, default=None,
+                   help="automatic prefix cache size in tokens, 0 for none (default: the KV "
+                   "budget)")
+    opt("--prefix-block-tokens", "prefix_block_tokens", int, "tokens a prefix-cache block")
     opt("--chat-template-tokens", "chat_template_tokens", int,
         "tokens a chat template adds to every chat prompt's count")
     opt("--tokenizer", "tokenizer", str,
