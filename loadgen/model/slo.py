@@ -42,13 +42,18 @@ class Slo(msgspec.Struct, kw_only=True, frozen=True):
 
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|µs|ms|s)?\s*$")
-_UNIT_US = {"us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6, None: 1e3}  # bare numbers are ms
+_UNIT_US = {"us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
 
 
 def parse_us(text: str) -> float:
+    """A time with its unit, in µs. A bare number is refused: `ttft<20` could be 20 ms or
+    20 s, and guessing silently judges a run against a limit 1000× off."""
     m = _DURATION.match(text)
     if not m:
         raise SloError(f"bad time {text!r}: use e.g. 500ms, 2s or 800us")
+    if m.group(2) is None:
+        raise SloError(f"time {text.strip()!r} has no unit: write {m.group(1)}ms or "
+                       f"{m.group(1)}s (units: ms, s, us)")
     return float(m.group(1)) * _UNIT_US[m.group(2)]
 
 

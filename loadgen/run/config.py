@@ -55,6 +55,9 @@ class RunConfig(msgspec.Struct, kw_only=True):
     metrics_url: str | None = None
     server_pid: int | None = None  # the server's process, when it cannot be found by port
     server_name: str | None = None
+    # seconds to wait for a --url that does not answer yet; None: the front end's default
+    # (headless 60 s, the console for ever)
+    wait: float | None = None
     client: str = "raw"  # raw (fast, httptools) | openai (the official SDK)
     # load
     mode: str = "closed"  # closed | open

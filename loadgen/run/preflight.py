@@ -8,6 +8,9 @@ never a traceback: a wrong URL, a dead server, a missing /v1, a wrong model.
 from __future__ import annotations
 
 import asyncio
+import os
+import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -24,6 +27,15 @@ from loadgen.worker.workload import _VOCAB as PROMPT_WORDS  # what synthetic pro
 
 class TargetError(Exception):
     """The target cannot be used; str(e) is the message for the user."""
+
+
+class Unreachable(TargetError):
+    """Nothing answered at the target's address (refused, no route, no answer in time):
+    a server that is not up yet looks like this, so it is worth waiting for."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # "connection refused", in words, for the waiting line
 
 
 def check_url(url: str) -> str:
@@ -75,10 +87,10 @@ async def list_models(
                 raise TargetError(f"{base_url}: GET /models returned HTTP {r.status}")
             body = await r.json(content_type=None)
     except aiohttp.ClientConnectorError as e:
-        reason = e.os_error.strerror.lower() if e.os_error and e.os_error.strerror else str(e)
-        raise TargetError(f"cannot reach {base_url}: {reason}") from None
+        reason = _why(e)
+        raise Unreachable(f"cannot reach {base_url}: {reason}", reason) from None
     except TimeoutError:
-        raise TargetError(f"no answer from {base_url} within 10 s") from None
+        raise Unreachable(f"no answer from {base_url} within 10 s", "no answer") from None
     except (aiohttp.ClientError, ValueError) as e:
         raise TargetError(f"{base_url} did not answer like an OpenAI server: {e}") from None
     data = body.get("data") if isinstance(body, dict) else None
@@ -88,6 +100,51 @@ async def list_models(
             "GET /models did not return a model list"
         )
     return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
+
+
+def _why(e: aiohttp.ClientConnectorError) -> str:
+    """Why a connection failed, in the same words on every event loop ("connection
+    refused": asyncio's own strerror is "Connect call failed (...)", uvloop's the OS's)."""
+    err = e.os_error
+    if err is not None and err.errno:
+        return os.strerror(err.errno).lower()
+    return (err.strerror if err is not None and err.strerror else str(e)).lower()
+
+
+PROBE_EVERY_S = 2.0  # while the target does not answer, how often to ask again
+
+
+async def wait_for_target(base_url: str, authorization: str | None, say: Callable[[str], None],
+                          give_up_after: float | None, every: float = PROBE_EVERY_S) -> None:
+    """Return as soon as anything answers at `base_url` (whether it is the right server is
+    resolve_model's to say). While nothing does, say so once and ask again every `every` s;
+    after `give_up_after` s (None: never) raise TargetError, so a wrong URL in a script
+    ends instead of hanging. Said again once it answers."""
+    started = time.monotonic()
+    waiting = False
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                await list_models(session, base_url, authorization)
+            except Unreachable as e:
+                waited = time.monotonic() - started
+                left = None if give_up_after is None else give_up_after - waited
+                if left is not None and left <= 0:
+                    raise TargetError(f"{e}; gave up after waiting {waited:.0f} s" if waiting
+                                      else str(e)) from None
+                if not waiting:
+                    say(f"tokentop: waiting for {base_url} ({e.reason}); retrying every "
+                        f"{every:g} s, Ctrl-C to stop")
+                    waiting = True
+                # the last try falls at the end of the wait, not an interval before it
+                await asyncio.sleep(every if left is None else min(every, left))
+                continue
+            except TargetError:
+                pass  # it answered, but not as it should: the real check says how
+            if waiting:
+                say(f"tokentop: {base_url} answers after {time.monotonic() - started:.0f} s; "
+                    "starting the run")
+            return
 
 
 # ---- --tokenizer: exact lengths by a local tokenizer or the server's /tokenize ---------------

@@ -19,6 +19,9 @@ Per tick, in this order: the coordinator builds the Snapshot; the windows take
 it (warm-up excluded there); the watch adds SLO, GPU and efficiency facts; the
 recorder writes it (a failure adds its event and, under --on-disk-full=stop,
 stops the load and makes the exit code 4); then every sink sees it.
+
+Before the load, a --url that does not answer yet may be waited for (`wait`: the front
+end says how long), and a stop asked meanwhile ends the wait.
 """
 
 from __future__ import annotations
@@ -34,14 +37,14 @@ from pathlib import Path
 import msgspec
 
 from loadgen.fleet.remote import LoadNow
-from loadgen.model.slo import Slos
+from loadgen.model.slo import Slos, parse_slos
 from loadgen.model.snapshot import Control, Snapshot, SnapshotVersionError
 from loadgen.model.windows import SnapshotWindows
 from loadgen.record.recorder import Recording, RecordingError
 from loadgen.record.rundir import iter_snapshots, scrub
 from loadgen.run.config import ConfigError, RunConfig
 from loadgen.run.coordinator import Coordinator
-from loadgen.run.preflight import TargetError
+from loadgen.run.preflight import TargetError, check_url, wait_for_target
 from loadgen.run.resume import resumed
 from loadgen.run.secrets import Secrets
 from loadgen.run.sinks import Publish, Sink, SinkError
@@ -53,6 +56,7 @@ from loadgen.run.summary import (
     write_json,
 )
 from loadgen.run.watch import Watch
+from loadgen.worker import wire
 
 log = logging.getLogger("tokentop.session")
 
@@ -79,8 +83,12 @@ class Session:
 
     def __init__(self, cfg: RunConfig, secrets: Secrets | None = None, *,
                  sinks: Sequence[Sink] = (), record: bool = True,
-                 json_path: Path | None = None, say: Say | None = None) -> None:
+                 json_path: Path | None = None, say: Say | None = None,
+                 wait: float | None = 0.0) -> None:
         self.cfg = cfg
+        # how long to wait for a --url that does not answer yet: 0 (the default) not at all,
+        # None for ever; each front end says (headless: loadgen.run.headless.HEADLESS_WAIT_S)
+        self.wait = wait
         self.secrets = secrets or Secrets()
         self.sinks: list[Sink] = list(sinks)
         self.record = record
@@ -94,6 +102,7 @@ class Session:
         self._recording_failed: str | None = None
         self._started_sinks: list[Sink] = []
         self._finished: Outcome | None = None
+        self._stop_asked = asyncio.Event()  # also ends the wait for the target
 
     @property
     def run_id(self) -> str:
@@ -122,6 +131,7 @@ class Session:
             raise SessionError(str(e)) from None
         assert self.coord is not None and self.recording is not None
         try:
+            await self._wait_for_target()
             await self.coord.start()
         except (TargetError, ConfigError) as e:
             self.recording.discard({"error": str(e)})
@@ -137,6 +147,27 @@ class Session:
             self.recording.discard({"error": str(e)})
             await self._close_sinks()
             raise SessionError(str(e)) from None
+
+    async def _wait_for_target(self) -> None:
+        """A --url that does not answer yet (a server still starting) is waited for, probed
+        every few seconds, until it answers, the wait is over, or a stop is asked."""
+        if self.cfg.url is None or self.wait == 0:
+            return  # the embedded simulator (the coordinator starts it), or no wait asked
+        waiting = asyncio.create_task(wait_for_target(
+            check_url(self.cfg.url), self.secrets.authorization(), self.say, self.wait))
+        stop = asyncio.create_task(self._stop_asked.wait())
+        try:
+            await asyncio.wait({waiting, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not waiting.done():
+                waiting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiting
+        if not waiting.cancelled():
+            waiting.result()  # raises TargetError when the wait is over
+        elif self._stop_asked.is_set():
+            raise TargetError(f"stopped while waiting for {self.cfg.url}")
 
     def _prepare(self) -> None:
         resume = None
@@ -183,8 +214,19 @@ class Session:
             await self.coord.control(msg)
 
     def request_stop(self, reason: str | None = None) -> None:
+        self._stop_asked.set()
         if self.coord is not None:
             self.coord.request_stop(reason)
+
+    def abort(self, reason: str) -> None:
+        """Stop now: requests in flight are cancelled instead of drained (and counted as
+        cancelled); the summary and the recording are still written by finish()."""
+        self.cfg.drain_grace = 0.0  # a drain that has not begun yet begins with no grace
+        self.request_stop(reason)
+        if self.coord is not None and self.coord.state == "draining":
+            # a drain already under way: a second Stop with no grace cuts it short
+            for worker in self.coord.pool.workers:
+                worker.send(wire.Stop(0.0))
 
     def load_now(self) -> LoadNow:
         """The load as it is set now (for remote control's limits)."""
@@ -248,17 +290,58 @@ class Session:
                 pass
         finally:
             outcome = await self.finish()
-        self.say(f"tokentop: {outcome.reason}")
+        self.say(f"tokentop: {final_line(outcome.summary)}")
         return outcome.code
 
 
+def final_line(summary: dict) -> str:
+    """A finished run's summary in one line: its exit reason, then what a script's log
+    should keep of it: P50/P99 of TTFT, ITL and E2E, and the goodput when --slo set
+    per-request limits."""
+    latency = summary.get("latency_ms") or {}
+    parts = []
+    for metric in ("ttft", "itl", "e2e"):
+        stats = latency.get(metric)
+        if stats and stats.get("count"):  # none when no request completed
+            p50, p99 = _short_ms(stats["p50"]), _short_ms(stats["p99"])
+            parts.append(f"{metric.upper()} {p50}/{p99} ms")
+    line = summary["exit"]["reason"]
+    if parts:
+        line += " | p50/p99 " + ", ".join(parts)
+    goodput = (summary.get("throughput") or {}).get("goodput_req_s")
+    slo = (summary.get("config") or {}).get("slo")
+    if goodput is not None and parse_slos(slo).per_request is not None:
+        line += f" | goodput {goodput:.3g} req/s within the --slo"
+    return line
+
+
+def _short_ms(value: float | None) -> str:
+    """Three figures at most, never an exponent: 0.85, 12.4, 215."""
+    if value is None:
+        return "–"
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
 def stop_on_signals(session: Session, say: Say) -> None:
-    """Ctrl-C / SIGTERM stop the load in order (in-flight requests drain), never abruptly."""
+    """The first Ctrl-C / SIGTERM stops the load in order (in-flight requests drain for
+    --drain-grace); a second one cuts the drain short: what is in flight is cancelled and
+    the run ends at once, its summary and recording still written."""
     loop = asyncio.get_running_loop()
+    signals = 0
 
     def stop() -> None:
-        say("tokentop: stopping, letting in-flight requests finish…")
-        session.request_stop("stopped by a signal")
+        nonlocal signals
+        signals += 1
+        if signals == 1 and (session.coord is None or session.coord.state == "starting"):
+            say("tokentop: stopping before the run has started")
+            session.request_stop("stopped by a signal")
+        elif signals == 1:
+            say(f"tokentop: stopping, letting in-flight requests finish (up to "
+                f"{session.cfg.drain_grace:g} s); Ctrl-C again to stop now")
+            session.request_stop("stopped by a signal")
+        elif signals == 2:
+            say("tokentop: stopping now, cancelling the requests in flight")
+            session.abort("stopped by a second signal")
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -69,8 +69,11 @@ class ProgressLines:
                 self.say(f"tokentop: {ev.level}: {ev.message}")
             elif ev.kind in PRINTED_INFO:
                 self.say(f"tokentop: {ev.message}")
-        if int(snap.elapsed) > self._last_second or snap.load.state == "stopped":
-            self._last_second = int(snap.elapsed)
+        # the second the line shows (rounded): int() would print the ticks at 0.5 s and 1 s
+        # both as "[1s]"
+        shown = round(snap.elapsed)
+        if shown > self._last_second or snap.load.state == "stopped":
+            self._last_second = shown
             line = progress_line(snap, windows.stats("10s")) + health_text(snap)
             self.say(f"{line} | {self.suffix()}" if self.suffix else line)
 

@@ -166,6 +166,7 @@ class Worker:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         finishing: asyncio.Task | None = None
+        cut_short: list[asyncio.Task] = []  # kept referenced until done
         while True:
             raw = await wire.read_frame(reader)
             if raw is None:
@@ -184,6 +185,10 @@ class Worker:
             elif isinstance(msg, wire.Stop) and finishing is None:
                 # drain in the background so that flushes keep answering while it runs
                 finishing = asyncio.create_task(self._finish(msg.grace, writer))
+            elif isinstance(msg, wire.Stop) and msg.grace == 0:
+                # a second Ctrl-C during the drain: cancel what is still in flight now (the
+                # drain under way then ends, and reports as ever)
+                cut_short.append(asyncio.create_task(self._drain(0.0)))
 
     async def _drain(self, grace: float) -> None:
         await asyncio.gather(self.closed.drain(grace), self.open.drain(grace))

@@ -75,16 +75,21 @@ def positive(kind: type):
     return parse
 
 
-def seconds(text: str) -> float:
-    """Seconds above 0, with or without a trailing `s` (20, 0.5, 20s)."""
+def seconds(text: str, *, zero: bool = False) -> float:
+    """Seconds above 0 (or 0 too, `zero`), with or without a trailing `s` (20, 0.5, 20s)."""
     try:
         value = float(text.rstrip("s"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, e.g. 20 or 0.5, got {text!r}") \
             from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    if value < 0 or (value == 0 and not zero):
+        raise argparse.ArgumentTypeError(f"must be {'at least' if zero else 'more than'} 0, "
+                                         f"got {text}")
     return value
+
+
+def seconds_or_zero(text: str) -> float:
+    return seconds(text, zero=True)
 
 
 def fraction(text: str) -> float:
@@ -124,7 +129,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def _add_target_arguments(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("target")
     t.add_argument("--url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
-                   "(default: start the embedded simulator)")
+                   "(default: start the embedded simulator). One that does not answer yet "
+                   "is waited for, asked every 2 s: see --wait")
+    t.add_argument("--wait", type=seconds_or_zero,
+                   help="seconds to wait for a --url that does not answer yet (a server "
+                   "still loading its model), then exit with code 2; 0: do not wait "
+                   "(default: 60 for a headless run or agent, as long as it takes in the "
+                   "console)")
     t.add_argument("--model", help="model name (default: the server's first model)")
     t.add_argument("--api", choices=("chat", "completions"), default="chat")
     t.add_argument("--api-key-file", type=Path,
@@ -151,7 +162,11 @@ def _add_load_arguments(p: argparse.ArgumentParser) -> None:
     w = p.add_argument_group("load")
     w.add_argument("--mode", choices=("closed", "open"), default="closed",
                    help="closed: N concurrent streams; open: a request rate")
-    w.add_argument("-c", "--concurrency", type=whole(0), default=8, help="concurrent streams")
+    # 0 stays valid here: the console may start idle (`+` adds streams), a ramp from 0;
+    # a headless run that would never send anything refuses it (loadgen.run.headless)
+    w.add_argument("-c", "--concurrency", type=whole(0), default=8,
+                   help="concurrent streams (default %(default)s); 0 only in the console, "
+                   "with a ramp, or for an agent under remote control")
     w.add_argument("--rate", type=rate, default=1.0, help="open loop: requests per second")
     w.add_argument("--arrival", choices=("constant", "poisson", "gamma"), default="poisson",
                    help="open loop arrival process")
@@ -221,7 +236,8 @@ def _add_limit_arguments(p: argparse.ArgumentParser) -> None:
                    help="fraction of requests the client abandons (users who leave)")
     m.add_argument("--cancel-at", help="abandon after this many tokens (20) or seconds (1.5s)")
     m.add_argument("--slo", help="per request (goodput): ttft<500ms,tpot<50ms,e2e<10s; whole run "
-                   "(pass/fail): ttft_p99<1s,error_rate<1%%,output_tok_s>500")
+                   "(pass/fail): ttft_p99<1s,error_rate<1%%,output_tok_s>500; times need a "
+                   "unit (ms, s or us)")
     r = p.add_argument_group("recording")
     r.add_argument("--out", help="run directory (default: a new one under "
                    "~/.local/share/tokentop/runs)")
@@ -315,12 +331,20 @@ def add_sim_arguments(parser: argparse.ArgumentParser, *, listen: bool = True) -
     from loadgen.sim.presets import PROFILES
     from loadgen.sim.server import ANNOUNCE
 
+    def port(text: str) -> int:
+        # refused here: a port above 65535 was cut to 16 bits (99999 → 34463) on the way
+        # down, and the simulator listened somewhere nobody asked for
+        value = whole(0)(text)
+        if value > 65535:
+            raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
+        return value
+
     g = parser.add_argument_group("simulator")
     if listen:
         g.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default %(default)s)")
-        g.add_argument("--port", type=int, default=8000,
-                       help="port, 0 for a free one (default %(default)s)")
+        g.add_argument("--port", type=port, default=8000,
+                       help="port 0..65535, 0 for a free one (default %(default)s)")
     g.add_argument(
         "--profile",
         choices=sorted(PROFILES),
