@@ -7,8 +7,13 @@ it measured with the gap the server actually left (and its TTFT with the
 server's own send time), so what remains is tokentop's own timing error: the
 time bytes spent in the kernel and in our event loop before we stamped them.
 
-Concurrency rises step by step; each step prints one row, and the last line
-names the highest load this machine drives with timing error p99 ≤ 1 ms.
+Concurrency rises step by step; each step prints one row (and a progress line
+on stderr every few seconds while it is held). A step that drove less than
+RATE_SHORTFALL of the chunks/s its streams ask for is marked: this machine
+cannot drive that rate. The last lines name the highest load this machine
+drives with timing error p99 ≤ 1 ms and what limits it beyond that; when no
+step stays within 1 ms they say what limits it even at the lightest load, and
+the exit code is EXIT_OVER_BUDGET (3, as a run whose threshold failed).
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ from loadgen.run.session import Session, SessionError
 from loadgen.sim.model import SimConfig
 
 ERROR_BUDGET_US = 1000.0  # the promise: p99 timing error within 1 ms
+# below this share of the intended chunks/s the streams wait on this machine, not on the
+# simulator's exact timing (a few per cent go to connecting and sending each request)
+RATE_SHORTFALL = 0.9
+EXIT_OVER_BUDGET = 3  # no step kept the error within the budget
+PROGRESS_EVERY_S = 3.0  # a step is 10 s by default: say how it goes meanwhile
 
 
 @dataclass
@@ -104,13 +114,15 @@ async def calibrate_main(plan: CalibratePlan) -> int:
     )
     # a Session like every run, unrecorded: a calibration measures this machine, not a server
     session = Session(cfg, record=False)
+    print("tokentop calibrate: starting the exact-timing simulator and the load workers "
+          f"({len(plan.steps)} steps of {plan.warmup + plan.step_seconds:g} s)", flush=True)
     try:
         await session.start()
     except SessionError as e:
         print(f"tokentop calibrate: {e}", file=sys.stderr)
         return 2
-    print(_intro(plan, session.workers))
-    print(HEADER)
+    print(_intro(plan, session.workers), flush=True)
+    print(HEADER, flush=True)
     results: list[Step] = []
     snaps = session.snapshots()
     try:
@@ -120,8 +132,9 @@ async def calibrate_main(plan: CalibratePlan) -> int:
         async for _ in snaps:  # on to the last Snapshot, so every process exits cleanly
             pass
         await session.finish()
-    print(_verdict(results))
-    return 0
+    lines, code = verdict(results, plan)
+    print("\n".join(lines))
+    return code
 
 
 async def _run_steps(session: Session, snaps, plan: CalibratePlan) -> list[Step]:
@@ -129,11 +142,16 @@ async def _run_steps(session: Session, snaps, plan: CalibratePlan) -> list[Step]
     for streams in plan.steps:
         await session.control(Control(op="set_concurrency", value=streams, source="cli"))
         step = Step(streams)
-        warm_until = measure_until = None
+        start = warm_until = measure_until = None
+        due = PROGRESS_EVERY_S
         async for snap in snaps:
-            if warm_until is None:
-                warm_until = snap.elapsed + plan.warmup
+            if start is None:
+                start = snap.elapsed
+                warm_until = start + plan.warmup
                 measure_until = warm_until + plan.step_seconds
+            if due <= snap.elapsed - start < plan.warmup + plan.step_seconds:
+                _progress(step, snap.elapsed - start, plan)
+                due += PROGRESS_EVERY_S
             if snap.elapsed <= warm_until:
                 continue
             step.add(snap)
@@ -165,7 +183,8 @@ def _ms3(s: hdr.Summary) -> str:
 
 def _row(step: Step, plan: CalibratePlan) -> str:
     cpu = f"{step.us_per_chunk:.1f}" if step.us_per_chunk is not None else "–"
-    flag = "" if step.within_budget() else "  ✗"
+    flag = ("" if step.within_budget() else "  ✗") + (
+        "  short of rate" if short_of_rate(step, plan) else "")
     return (
         f"{step.streams:>7}  {step.chunks_s:>9.0f} {_intended(step.streams, plan):>9.0f}  "
         f"{cpu:>8}  {_ms3(hdr.summarize(step.ttft_err)):>25}  "
@@ -181,12 +200,68 @@ def _intro(plan: CalibratePlan, workers: int) -> str:
     )
 
 
-def _verdict(results: list[Step]) -> str:
-    good = [s for s in results if s.within_budget()]
+def _progress(step: Step, held: float, plan: CalibratePlan) -> None:
+    """One line on stderr within a step, so a long one is not silence."""
+    so_far = (f"{step.chunks_s:,.0f} chunks/s of {_intended(step.streams, plan):,.0f} intended"
+              if step.seconds else "warming up")
+    print(f"  step {step.streams} streams: {int(held)}/{plan.warmup + plan.step_seconds:g} s, "
+          f"{so_far}", file=sys.stderr, flush=True)
+
+
+def short_of_rate(step: Step, plan: CalibratePlan) -> bool:
+    return step.seconds > 0 and step.chunks_s < RATE_SHORTFALL * _intended(step.streams, plan)
+
+
+def shortfall(step: Step, plan: CalibratePlan) -> str:
+    wanted = _intended(step.streams, plan)
+    return (f"it drove only {step.chunks_s / wanted:.0%} of the intended {wanted:,.0f} "
+            "chunks/s: this machine cannot drive that rate (the client or the simulator is "
+            "out of CPU)")
+
+
+def limit(step: Step, plan: CalibratePlan) -> str:
+    """What kept `step` from the promise, in words."""
+    t, i = hdr.summarize(step.ttft_err), hdr.summarize(step.itl_err)
+    if not t["count"] or not i["count"]:
+        return "no chunk was timed (did the simulator answer?)"
+    if step.errors:
+        return f"{step.errors} requests failed"
+    if short_of_rate(step, plan):
+        return shortfall(step, plan)
+    worst = max((("TTFT", t), ("ITL", i)), key=lambda kv: kv[1]["p99"])
+    said = f"{worst[0]} error p99 {worst[1]['p99'] / 1000:.3f} ms"
+    if step.worst_lag_ms >= ERROR_BUDGET_US / 1000:
+        return (f"{said}, the event loop late by up to {step.worst_lag_ms:.1f} ms: the "
+                "client's CPU is busy or shared (other processes, too few cores)")
+    return (f"{said} with the event loop on time: the delay is before tokentop reads the "
+            "bytes (the kernel, or a simulator sharing the CPU)")
+
+
+def _kept(step: Step, plan: CalibratePlan) -> bool:
+    """The promise held at this step: error within budget, at the load it was meant to be."""
+    return step.within_budget() and not short_of_rate(step, plan)
+
+
+def verdict(results: list[Step], plan: CalibratePlan) -> tuple[list[str], int]:
+    """The closing lines and the exit code: 0 when some step kept the error within 1 ms,
+    EXIT_OVER_BUDGET when none did. A step short of its rate does not count: the load it
+    was meant to be never happened."""
+    lines = [f"at {_streams(s.streams)} {shortfall(s, plan)}" for s in results
+             if short_of_rate(s, plan)]
+    good = [s for s in results if _kept(s, plan)]
     if not good:
-        return "no step kept timing error p99 within 1 ms on this machine"
+        lightest = min(results, key=lambda s: s.streams, default=None)
+        why = f"; at {_streams(lightest.streams)}: {limit(lightest, plan)}" if lightest else ""
+        return [*lines, f"no step kept timing error p99 within 1 ms on this machine{why}"], \
+            EXIT_OVER_BUDGET
     best = max(good, key=lambda s: s.streams)
-    return (
-        f"highest load with timing error p99 ≤ 1 ms: {best.streams} streams, "
-        f"{best.chunks_s:.0f} chunks/s"
-    )
+    beyond = [s for s in results if s.streams > best.streams and not _kept(s, plan)]
+    if beyond:
+        lines.append(f"beyond it, at {_streams(beyond[0].streams)}: {limit(beyond[0], plan)}")
+    lines.append(f"highest load with timing error p99 ≤ 1 ms: {_streams(best.streams)}, "
+                 f"{best.chunks_s:.0f} chunks/s")
+    return lines, 0
+
+
+def _streams(n: int) -> str:
+    return f"{n} stream" + ("" if n == 1 else "s")

@@ -6,7 +6,10 @@ sweep.json). Runs are compared with runs and sweeps with sweeps. The first is
 the baseline; every other column shows its value and the change against it,
 marked better or worse for that metric. Runs whose workloads differ (prompt
 or output lengths, API, prefix, prompt file) are flagged above the table: the
-numbers are still shown, but they do not compare like for like.
+numbers are still shown, but they do not compare like for like. So is a run
+directory that did not finish (rundir.run_state: interrupted, still running, or
+recording stopped): its numbers cover only part of its run; the table marks it
+in a "state" row.
 
 Formats read: run directories with manifest format_version 1 and Snapshot v1,
 headless summaries with format 1 (and those written before the field existed),
@@ -23,7 +26,14 @@ from typing import TextIO
 
 from loadgen.analysis.sweep import SWEEP_FORMAT, StepResult, plot_curve
 from loadgen.model.snapshot import SNAPSHOT_VERSION, SnapshotVersionError
-from loadgen.record.rundir import MANIFEST_FORMAT, RunDirError, first_snapshot, read_manifest
+from loadgen.record.rundir import (
+    FINISHED,
+    MANIFEST_FORMAT,
+    RunDirError,
+    first_snapshot,
+    read_manifest,
+    run_state,
+)
 
 SUMMARY_FORMAT = 1
 RUN_FORMATS = (MANIFEST_FORMAT,)
@@ -62,6 +72,7 @@ class Item:
     steps: list[StepResult] = field(default_factory=list)  # sweeps
     knee: float | None = None
     max_goodput: dict | None = None
+    state: str = FINISHED  # a run directory's run_state; summaries and sweeps are written whole
 
 
 def load(path: Path) -> Item:
@@ -122,6 +133,7 @@ def _run_dir(path: Path) -> Item:
         manifest = read_manifest(path)
         _check(path, "run directory", manifest.get("format_version", 1), RUN_FORMATS)
         first = first_snapshot(path)
+        state = run_state(path)
     except (RunDirError, SnapshotVersionError) as e:
         raise CompareError(f"{path}: {e}") from None
     if first is None:
@@ -134,7 +146,7 @@ def _run_dir(path: Path) -> Item:
     if not config.get("slo"):
         rates["goodput_req_s"] = None  # no per-request limits were set: no goodput to speak of
     return Item(name=_name(path), kind="run", config=config,
-                summary={"latency_ms": result["latency_ms"], "rates": rates})
+                summary={"latency_ms": result["latency_ms"], "rates": rates}, state=state)
 
 
 def _name(path: Path) -> str:
@@ -158,6 +170,13 @@ def workload_flags(items: list[Item]) -> list[str]:
         if load and items[0].kind == "run":
             flags.append(f"load differs ({item.name}): {'; '.join(load)}")
     return flags
+
+
+def state_flags(items: list[Item]) -> list[str]:
+    """A line for each run directory that did not finish: its numbers are those of the
+    part it recorded, so set beside a whole run they do not compare like for like."""
+    return [f"{i.name} is {i.state.upper()} (not finished): its numbers cover only the part "
+            "it recorded — not a like-for-like comparison" for i in items if i.state != FINISHED]
 
 
 def _dig(d: dict, path: tuple[str, ...]) -> float | None:
@@ -191,6 +210,9 @@ def _fmt(x: float | None, label: str) -> str:
 def run_table(items: list[Item]) -> list[str]:
     width = max(14, *(len(i.name) for i in items)) + 18
     lines = [f"{'':<16}" + "".join(f"{i.name:>{width}}" for i in items)]
+    if any(i.state != FINISHED for i in items):
+        lines.append(f"{'state':<16}" + "".join(
+            f"{i.state if i.state == FINISHED else i.state.upper():>{width}}" for i in items))
     for label, path, higher in RUN_ROWS:
         base = _dig(items[0].summary, path)
         cells = []
@@ -259,7 +281,8 @@ def compare(paths: list[Path], *, png: Path | None = None, json_path: Path | Non
     kinds = {i.kind for i in items}
     if len(kinds) > 1:
         raise CompareError("compare runs with runs and sweeps with sweeps")
-    for line in workload_flags(items):
+    flags = state_flags(items) + workload_flags(items)
+    for line in flags:
         print(line, file=out)
     table = run_table(items) if "run" in kinds else sweep_table(items)
     print("\n".join(table), file=out)
@@ -271,6 +294,6 @@ def compare(paths: list[Path], *, png: Path | None = None, json_path: Path | Non
         print(f"wrote {png}", file=out)
     if json_path is not None:
         json_path.write_text(json.dumps({
-            "items": [{"name": i.name, "kind": i.kind, "summary": i.summary,
+            "items": [{"name": i.name, "kind": i.kind, "state": i.state, "summary": i.summary,
                        "knee": i.knee, "max_goodput": i.max_goodput} for i in items],
-            "flags": workload_flags(items)}, indent=2))
+            "flags": flags}, indent=2))

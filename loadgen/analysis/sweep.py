@@ -4,9 +4,13 @@ Each step holds a load (streams in closed loop, or a request rate in open
 loop) for a warm-up and a measured period, then records what the measured
 period showed. Two headline numbers come out:
 
-* the knee: the last step before the marginal throughput per added stream
-  (or per added req/s) falls below a fraction (default 0.5) of its initial
-  value — where throughput stops scaling linearly;
+* the knee: the last step before throughput stops keeping up with the load.
+  Between two steps the scaling is ln(throughput ratio) / ln(load ratio): 1
+  when throughput grows as fast as the load, 0 when it is flat. The knee is
+  the last step before it falls below a fraction (default 0.5: 4× the load
+  buying under 2× the throughput). A ratio of ratios, so a coarse step (1, 4,
+  16) is judged like a fine one; a gain per added unit of load was not, as
+  over a 4× step a bending curve averages its steep and flat parts;
 * the max goodput: the step with the most requests per second meeting every
   per-request SLO (`--slo ttft<500ms,tpot<50ms`), and the load that achieved it.
 
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import itertools
+import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -153,21 +159,33 @@ def _rising(snaps: list[Snapshot]) -> bool:
 
 
 def find_knee(steps: list[StepResult], fraction: float = 0.5) -> StepResult | None:
-    """The last step before marginal throughput per unit of load falls below
-    `fraction` of the first step's (which is measured from zero load)."""
-    prev_load, prev_tput = 0.0, 0.0
-    initial = None
-    for i, s in enumerate(steps):
-        d_load = s.load - prev_load
-        if d_load <= 0:
-            continue
-        marginal = (s.output_tok_s - prev_tput) / d_load
-        if initial is None:
-            initial = marginal
-        elif initial > 0 and marginal < fraction * initial:
-            return steps[i - 1]
-        prev_load, prev_tput = s.load, s.output_tok_s
+    """The last step before the scaling from one step to the next falls below `fraction`
+    (see scaling); None while throughput still keeps up at the last step."""
+    measured = [s for s in steps if s.load > 0]
+    for lower, upper in itertools.pairwise(measured):
+        e = scaling(lower, upper)
+        if e is not None and e < fraction:
+            return lower
     return None
+
+
+def scaling(lower: StepResult, upper: StepResult) -> float | None:
+    """ln(throughput ratio) / ln(load ratio) from `lower` to `upper`: 1 when throughput grows
+    as fast as the load, 0 when flat, below 0 when it falls. None when it cannot be read
+    (the same load twice, or nothing measured at the lower step)."""
+    if upper.load <= lower.load or lower.output_tok_s <= 0:
+        return None
+    if upper.output_tok_s <= 0:
+        return float("-inf")
+    return float(np.log(upper.output_tok_s / lower.output_tok_s)
+                 / np.log(upper.load / lower.load))
+
+
+def knee_rule(fraction: float) -> str:
+    """The knee rule in words, for the headline and sweep.json."""
+    return (f"the last step before throughput scaling, ln(tok/s ratio) / ln(load ratio) "
+            f"between steps, falls below {fraction:g} (1 = linear; at {fraction:g}, 4× the "
+            f"load buys under {4 ** fraction:.2g}× the throughput)")
 
 
 def best_goodput(steps: list[StepResult]) -> StepResult | None:
@@ -192,7 +210,7 @@ class SweepPlan:
     steps: list[float] | None = field(default_factory=lambda: list(DEFAULT_STEPS))  # None: auto
     step_seconds: float = 20.0  # measured seconds per step
     step_warmup: float = 5.0  # unmeasured seconds per step
-    knee_fraction: float = 0.5  # knee: marginal throughput below this fraction of the initial
+    knee_fraction: float = 0.5  # knee: scaling between steps below this (see find_knee)
     max_error_rate: float = 0.05  # stop after a step with more errors than this
     out: Path | None = None  # write sweep.json, sweep.csv, sweep.png here
 
@@ -211,16 +229,17 @@ def parse_steps(text: str) -> list[float] | None:
 
 
 async def run_sweep(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None = None,
-                    echo=print, *, record: bool = True) -> list[StepResult]:
+                    echo=print, *, record: bool = True, progress=None) -> list[StepResult]:
     """Hold each step in turn, in one Session (so a sweep is recorded, and replayable, like
-    any run); raises SessionError before any load."""
+    any run); raises SessionError before any load. `echo` gets the table, `progress` (stderr
+    unless given) a line every PROGRESS_EVERY_S within a step."""
     session = Session(msgspec.structs.replace(cfg, concurrency=0, rate=0.0), secrets,
                       record=record, say=_to_stderr)
     await session.start()
     snaps = session.snapshots()
     echo(HEADER)
     try:
-        return await _run(session, snaps, cfg, plan, echo)
+        return await _run(session, snaps, cfg, plan, echo, progress or _to_stderr)
     finally:
         session.request_stop("sweep done")
         async for _ in snaps:
@@ -244,20 +263,21 @@ async def sweep_main(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None, *
     knee = find_knee(results, plan.knee_fraction)
     best = best_goodput(results)
     unit = "streams" if cfg.mode == "closed" else "req/s"
-    for line in headline(knee, best, unit, cfg.slo):
+    for line in headline(knee, best, unit, cfg.slo, plan.knee_fraction):
         print(line)
-    print(terminal_curve(results))
+    print(terminal_curve(results, knee, unit, color=sys.stdout.isatty()))
     if plan.out is not None:
-        write_outputs(plan.out, cfg, results, knee, best)
+        write_outputs(plan.out, cfg, results, knee, best, plan.knee_fraction)
         print(f"wrote {plan.out}/sweep.json, sweep.csv, sweep.png")
     return 0 if results else 1
 
 
 async def _run(session: Session, snaps, cfg: RunConfig, plan: SweepPlan,
-               echo) -> list[StepResult]:
+               echo, progress) -> list[StepResult]:
     steps = plan.steps
     results: list[StepResult] = []
     op = "set_concurrency" if cfg.mode == "closed" else "set_rate"
+    unit = "streams" if cfg.mode == "closed" else "req/s"
     load = 1.0
     i = 0
     while True:
@@ -266,7 +286,8 @@ async def _run(session: Session, snaps, cfg: RunConfig, plan: SweepPlan,
                 break
             load = steps[i]
         await session.control(Control(op=op, value=load, source="cli"))
-        result = await _hold(snaps, load, plan, session.slos.per_request is not None)
+        result = await _hold(snaps, load, plan, session.slos.per_request is not None,
+                             progress, unit)
         results.append(result)
         echo(row(result))
         i += 1
@@ -280,12 +301,20 @@ async def _run(session: Session, snaps, cfg: RunConfig, plan: SweepPlan,
     return results
 
 
-async def _hold(snaps, load: float, plan: SweepPlan, slo_given: bool) -> StepResult:
+PROGRESS_EVERY_S = 5.0  # a step is 25 s by default: silence that long reads as a hang
+
+
+async def _hold(snaps, load: float, plan: SweepPlan, slo_given: bool, progress,
+                unit: str) -> StepResult:
     acc = _Accumulator()
     start = None
+    due = PROGRESS_EVERY_S
     async for snap in snaps:
         if start is None:
             start = snap.elapsed
+        if due <= snap.elapsed - start < plan.step_warmup + plan.step_seconds:
+            progress(_progress(load, unit, snap.elapsed - start, plan, acc, slo_given))
+            due += PROGRESS_EVERY_S
         if snap.elapsed - start < plan.step_warmup:
             continue
         acc.snaps.append(snap)
@@ -298,6 +327,17 @@ async def _hold(snaps, load: float, plan: SweepPlan, slo_given: bool) -> StepRes
     elif r.error_rate > plan.max_error_rate:
         r.note = f"error rate {r.error_rate:.1%} passed --max-error-rate"
     return r
+
+
+def _progress(load: float, unit: str, held: float, plan: SweepPlan, acc: _Accumulator,
+              slo_given: bool) -> str:
+    """One line within a step: how far through it is and what it measured so far."""
+    where = f"  step {load:g} {unit}: {int(held)}/{plan.step_warmup + plan.step_seconds:g} s"
+    if held < plan.step_warmup or len(acc.snaps) < 2:
+        return f"{where}, warming up"
+    r = acc.result(load, slo_given)
+    return (f"{where}, {r.req_s:.2f} req/s, {r.output_tok_s:.0f} tok/s, "
+            f"TTFT p99 {_f(r.ttft_ms.get('p99'))} ms so far")
 
 
 HEADER = (f"{'load':>7} {'tok/s':>8} {'req/s':>7} {'goodput':>7} {'err':>6}  "
@@ -317,13 +357,13 @@ def row(r: StepResult) -> str:
 
 
 def headline(knee: StepResult | None, best: StepResult | None, unit: str,
-             slo: str | None) -> list[str]:
+             slo: str | None, fraction: float = 0.5) -> list[str]:
     lines = []
     if knee is None:
         lines.append("knee: not reached (throughput still scaling at the last step)")
     else:
-        lines.append(f"knee: {knee.load:g} {unit} ({knee.output_tok_s:.0f} output tok/s): "
-                     "beyond it each added unit of load buys less than half as much throughput")
+        lines.append(f"knee: {knee.load:g} {unit} ({knee.output_tok_s:.0f} output tok/s)")
+    lines.append(f"knee rule: {knee_rule(fraction)}")
     if slo:
         if best is None:
             lines.append(f"max goodput under {slo}: no step met the SLO")
@@ -334,7 +374,8 @@ def headline(knee: StepResult | None, best: StepResult | None, unit: str,
 
 
 def write_outputs(out: Path, cfg: RunConfig, results: list[StepResult],
-                  knee: StepResult | None, best: StepResult | None) -> None:
+                  knee: StepResult | None, best: StepResult | None,
+                  fraction: float = 0.5) -> None:
     out.mkdir(parents=True, exist_ok=True)
     doc = {
         "format": SWEEP_FORMAT,
@@ -343,6 +384,7 @@ def write_outputs(out: Path, cfg: RunConfig, results: list[StepResult],
         "unit": "streams" if cfg.mode == "closed" else "req/s",
         "steps": [asdict(r) for r in results],
         "knee": knee.load if knee else None,
+        "knee_rule": knee_rule(fraction),
         "max_goodput": {"load": best.load, "req_s": best.goodput_req_s} if best else None,
     }
     (out / "sweep.json").write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2))
@@ -363,8 +405,11 @@ def cfg_label(cfg: RunConfig) -> str:
     return cfg.url or "embedded simulator"
 
 
-def terminal_curve(results: list[StepResult], width: int = 72, height: int = 16) -> str:
-    """The throughput-vs-latency curve as text, for the terminal (plotext)."""
+def terminal_curve(results: list[StepResult], knee: StepResult | None = None,
+                   unit: str = "streams", *, color: bool = False, width: int = 72,
+                   height: int = 16) -> str:
+    """The throughput-vs-latency curve as text, for the terminal (plotext), the knee a
+    dashed line; plain text unless `color` (plotext writes ANSI resets even uncoloured)."""
     import plotext as plt
 
     points = [(r.output_tok_s, r.ttft_ms.get("p99")) for r in results]
@@ -374,12 +419,28 @@ def terminal_curve(results: list[StepResult], width: int = 72, height: int = 16)
     plt.clear_figure()
     plt.plot_size(width, height)
     plt.theme("clear")
-    if not sys.stdout.isatty():
+    if not color:
         plt.clear_color()
     plt.plot([x for x, _ in points], [y for _, y in points], marker="dot")
+    if knee is not None:
+        _mark_knee(plt, knee, unit, points)
     plt.xlabel("output tok/s")
     plt.ylabel("P99 TTFT ms")
-    return plt.build()
+    text = plt.build()
+    return text if color else ANSI.sub("", text)
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _mark_knee(plt, knee: StepResult, unit: str, points: list[tuple[float, float]]) -> None:
+    """A vertical line at the knee's throughput, labelled at the top, the label on the side
+    with room for it."""
+    xs = [x for x, _ in points]
+    plt.vline(knee.output_tok_s)
+    right_half = knee.output_tok_s > (min(xs) + max(xs)) / 2
+    plt.text(f" knee: {knee.load:g} {unit} ", knee.output_tok_s, max(y for _, y in points),
+             alignment="right" if right_half else "left")
 
 
 def plot_curve(path: Path, series: list[tuple[str, list[StepResult]]],

@@ -1011,16 +1011,18 @@ def serve_forever(
     port: int = 8000,
     announce: bool = False,
     exit_with_parent: bool = False,
+    profile: str | None = None,
 ) -> int:
     """Serve until SIGINT/SIGTERM (or stdin EOF with `exit_with_parent`); the exit code.
 
-    `announce` prints `TOKENTOP_SIM_LISTENING <port>` on stdout once listening, the one
-    line a parent that asked for port 0 waits for. A port that cannot be had is one line
-    on stderr and exit code 2.
+    Once listening it says where, in one line (listening_line): on stdout for a person,
+    on stderr with `announce`, which prints `TOKENTOP_SIM_LISTENING <port>` on stdout
+    instead, the one line a parent that asked for port 0 waits for. A port that cannot be
+    had is one line on stderr and exit code 2.
     """
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         return runner.run(_serve(cfg, host, port, announce=announce,
-                                 exit_with_parent=exit_with_parent))
+                                 exit_with_parent=exit_with_parent, profile=profile))
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -1032,7 +1034,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 async def _serve(cfg: SimConfig, host: str, port: int, *, announce: bool,
-                 exit_with_parent: bool) -> int:
+                 exit_with_parent: bool, profile: str | None = None) -> int:
     try:
         sim = await start_sim(cfg, host=host, port=port)
     except OSError as exc:
@@ -1047,14 +1049,41 @@ async def _serve(cfg: SimConfig, host: str, port: int, *, announce: bool,
             loop.add_signal_handler(sig, stop.set)
     if exit_with_parent:
         _watch_stdin(loop, stop)
-    log.info("simulator listening on %s (model %s, %d slots)", sim.url, cfg.model_name, cfg.slots)
     if announce:
         print(f"{ANNOUNCE} {sim.port}", flush=True)
+    # the real port (asked for 0, the kernel chose), and what is being simulated
+    print(listening_line(sim.url, cfg, profile), file=sys.stderr if announce else sys.stdout,
+          flush=True)
     try:
         await stop.wait()
     finally:
         await sim.close()
     return 0
+
+
+def listening_line(url: str, cfg: SimConfig, profile: str | None) -> str:
+    """`tokentop sim: listening on URL (profile, model, slots[; faults])`."""
+    what = [f"profile {profile}" if profile else "no profile", f"model {cfg.model_name}",
+            f"{cfg.slots} slots"]
+    faults = active_faults(cfg.faults)
+    tail = f"; faults: {', '.join(faults)}" if faults else ""
+    return f"tokentop sim: listening on {url} ({', '.join(what)}{tail})"
+
+
+# the fault settings that inject something when not 0; the rest only shape a fault
+INJECTING = (*(name for name, _ in REQUEST_FAULTS), "slow_first_byte_ms", "outage_s",
+             "spike_every_s")
+
+
+def active_faults(fc: FaultConfig) -> list[str]:
+    """`name=value` for each fault that is on, with the settings that shape it."""
+    on = [name for name in INJECTING if getattr(fc, name)]
+    shaping = {"stall_rate": "stall_s", "rate_limit_rate": "retry_after_s",
+               "malformed_rate": "malformed_kind", "outage_s": "outage_after_s",
+               "spike_every_s": "spike_ms"}
+    names = [n for name in on for n in (name, shaping.get(name)) if n]
+    return [f"{n}={getattr(fc, n):g}" if n != "malformed_kind" else f"{n}={fc.malformed_kind}"
+            for n in names]
 
 
 def _watch_stdin(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:

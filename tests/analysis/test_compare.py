@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
 import shutil
+import signal
+import subprocess
+import time
 
 import pytest
-from support import FIXTURES
+from support import FIXTURES, headless_argv
 
 from loadgen.analysis.compare import delta, load
+from loadgen.record.rundir import INTERRUPTED, run_state
 from tui.commands.compare import main
 
 FORMATS = FIXTURES / "formats"
@@ -82,3 +89,42 @@ def test_delta_says_which_way_is_better():
     assert delta(100.0, 150.0, True) == "(+50.0% better)"
     assert delta(100.0, 150.0, False) == "(+50.0% worse)"
     assert delta(None, 1.0, True) == ""
+
+
+async def test_a_killed_run_beside_a_finished_one_is_flagged(sim, tmp_path, capsys):
+    """A run whose tokentop was SIGKILLed mid-run (its manifest still says "running", no
+    live writer holds the lock) set beside a finished run: marked, and said not to be a
+    like-for-like comparison; two finished runs say nothing of the sort."""
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(
+        headless_argv(url=sim.url, duration=60, out=killed, concurrency=2, workers=1, tick=0.1,
+                      input_tokens="16", output_tokens="16"),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        snaps = killed / "snapshots.jsonl"
+        while not (snaps.exists() and snaps.read_bytes().count(b"\n") >= 10):
+            assert time.monotonic() < deadline and proc.poll() is None, "the run wrote no ticks"
+            await asyncio.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert run_state(killed) == INTERRUPTED  # what the record says, read the record's way
+
+    finished = FORMATS / "run-v1"
+    assert main([str(finished), str(killed), "--json", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out
+    flag = next(line for line in out.splitlines() if line.startswith("killed is "))
+    assert "INTERRUPTED" in flag and "not a like-for-like comparison" in flag
+    state = next(line for line in out.splitlines() if line.startswith("state"))
+    assert state.split()[1:] == ["finished", "INTERRUPTED"]
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert [i["state"] for i in doc["items"]] == ["finished", "interrupted"]
+
+    assert main([str(finished), str(finished)]) == 0
+    out = capsys.readouterr().out
+    assert "not finished" not in out
+    assert not any(line.startswith("state") for line in out.splitlines())

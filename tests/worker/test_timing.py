@@ -72,8 +72,10 @@ async def test_multi_token_chunks_give_the_true_per_token_itl():
 def test_calibrate_prints_its_table_and_verdict():
     proc = tokentop("calibrate", "--steps", "1,4", "--step-seconds", "1.5", "--warmup", "0.5",
                     "--ttft-ms", "20", "--itl-ms", "10", timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    # 0: some step kept the error within 1 ms; 3: none did (a shared, busy machine)
+    assert proc.returncode in (0, 3), proc.stderr
     lines = proc.stdout.splitlines()
+    assert lines[-1].startswith("highest load") is (proc.returncode == 0), lines[-1]
     header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("streams"))
     rows = lines[header + 1 : header + 3]
     assert [r.split()[0] for r in rows] == ["1", "4"]
