@@ -1,0 +1,1 @@
+"""The evaluation battery (`tokentop eval`)."""

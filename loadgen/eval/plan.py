@@ -1,0 +1,743 @@
+"""The eval plan: what `tokentop eval` runs, read from TOML into typed Structs.
+
+`DEFAULT_PLAN` is the default plan as commented TOML text, the one place its values
+live: `tokentop eval --print-plan` prints it, and a user's plan (`--plan FILE`) is
+laid over it key by key (tables merge, a list replaces the default's list), so a
+plan file holds only what it changes. Its `[quick]` tables are laid over `[phases]`
+the same way to make the `--quick` profile: `Plan.quick` is a complete `Phases`, as
+`Plan.phases` is, and the battery runs whichever the command line picks.
+
+Validation happens here, before any load, and every problem is one line naming the
+file and the key path: "plan.toml: phases.faults[2].seconds: expected a number, got
+"ten"". Types are msgspec's (unknown keys, wrong types, ranges); values with a form
+of their own (times, fractions, lengths, datasets, SLOs, URLs) are read by the same
+parsers as the command line's flags, through `_dec_hook`, so the path comes with
+their words too.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import itertools
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import inspect as mi
+
+from loadgen.model.slo import SloError, Slos, parse_slos
+from loadgen.worker.dataset import Dataset, DatasetError
+from loadgen.worker.workload import LengthDist, WorkloadError
+
+PLAN_VERSION = 1
+# Load goes on this long after the last fault ends, so the recovery is seen: an outage is
+# only declared after OUTAGE_MIN_S (3 s) and MTTR ends at the first success after it.
+FAULT_SETTLE_S = 15.0
+# `tokentop eval --quick` against the embedded simulator must finish within this.
+QUICK_BUDGET_S = 300.0
+PHASES = ("baseline", "ramp", "long_tail", "faults", "leaks", "efficiency", "scaling")
+
+
+class PlanError(ValueError):
+    """A plan that cannot be used; str(e) is the one line for the user."""
+
+
+# ---- values with a form of their own (read by _dec_hook) ------------------------------------
+
+
+class Seconds(float):
+    """0 or more seconds: a number, or text with a unit ("90s", "5m", "24h")."""
+
+
+class Duration(Seconds):
+    """More than 0 seconds, in the same forms."""
+
+
+class Fraction(float):
+    """0..1, or a percentage as text ("5%"), as the command line's fractions."""
+
+
+class Length(str):
+    """A length distribution's text (128, "uniform:64:256", …), as --input-tokens."""
+
+
+class OutputLength(Length):
+    """A Length, or "dataset": a ShareGPT dataset's own reply lengths."""
+
+
+class DatasetText(str):
+    """A --dataset spec: synthetic, text:FILE, sharegpt:FILE or jsonl:FILE."""
+
+
+class SloText(str):
+    """SLOs as --slo text; "" for none."""
+
+
+class Url(str):
+    """An http:// or https:// base URL."""
+
+
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|m|h)?\s*$")
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _TIME.match(value)):
+        seconds = float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
+    else:
+        raise ValueError(f'expected seconds, e.g. 90, "90s", "5m" or "24h", got {_show(value)}')
+    if seconds < 0:
+        raise ValueError(f"must be 0 or more seconds, got {_show(value)}")
+    return seconds
+
+
+def _duration(value: object) -> float:
+    seconds = _seconds(value)
+    if seconds <= 0:
+        raise ValueError(f"must be more than 0 seconds, got {_show(value)}")
+    return seconds
+
+
+def _fraction(value: object) -> float:
+    try:
+        if isinstance(value, str) and value.strip().endswith("%"):
+            number = float(value.strip()[:-1]) / 100.0
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        else:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f'expected a fraction, e.g. 0.05 or "5%", got {_show(value)}') from None
+    if not 0.0 <= number <= 1.0:
+        raise ValueError(f"must be between 0 and 1, got {_show(value)}")
+    return number
+
+
+def _length(value: object, *, output: bool = False) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f'expected a length, e.g. 128 or "uniform:64:256", got {_show(value)}')
+    text = str(value).strip()
+    if output and text == "dataset":
+        return text
+    try:
+        LengthDist.parse(text)
+    except WorkloadError as e:
+        raise ValueError(str(e)) from None
+    return text
+
+
+def _text_of(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected {what} as text, got {_show(value)}")
+    return value.strip()
+
+
+def _dataset(value: object) -> str:
+    text = _text_of(value, "a dataset")
+    try:
+        Dataset.parse(text)  # the form only: the file is read when the battery starts
+    except DatasetError as e:
+        raise ValueError(str(e)) from None
+    return text
+
+
+def _slo(value: object) -> str:
+    text = _text_of(value, "SLOs")
+    try:
+        parse_slos(text)
+    except SloError as e:
+        raise ValueError(str(e)) from None
+    return text
+
+
+def _url(value: object) -> str:
+    text = _text_of(value, "a URL")
+    if not re.match(r"^https?://[^/\s]+", text):
+        raise ValueError(f"expected an http:// or https:// URL, got {_show(value)}")
+    return text
+
+
+_READERS = {
+    Seconds: _seconds, Duration: _duration, Fraction: _fraction, Length: _length,
+    OutputLength: lambda v: _length(v, output=True), DatasetText: _dataset, SloText: _slo,
+    Url: _url,
+}
+
+
+def _dec_hook(kind: type, value: object) -> object:
+    reader = _READERS.get(kind)
+    if reader is None:
+        raise NotImplementedError(kind)
+    return kind(reader(value))
+
+
+def _enc_hook(value: object) -> object:
+    """The marker types as the plain float or str they are, for JSON."""
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    raise NotImplementedError(type(value))
+
+
+# ---- the plan ---------------------------------------------------------------------------
+
+Count = Annotated[int, msgspec.Meta(ge=1)]
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class _Table(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A plan table: every key required (the default plan gives each), none unknown."""
+
+
+class Baseline(_Table):
+    """A fixed load; its workload is every phase's, its load the faults phase's too."""
+
+    enabled: bool
+    mode: Literal["closed", "open"]
+    concurrency: Count  # closed loop: streams
+    rate: Positive  # open loop: requests/s
+    duration: Duration
+    warmup: Seconds
+    dataset: DatasetText
+    input_tokens: Length
+    output_tokens: OutputLength
+
+
+class Ramp(_Table):
+    """A sweep (loadgen.analysis.sweep) in the baseline's mode, to the knee."""
+
+    enabled: bool
+    steps: list[Positive] | Literal["auto"]
+    step_duration: Duration
+    step_warmup: Seconds
+    knee_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)]
+    max_error_rate: Fraction
+    slo: SloText  # "": the plan's
+
+
+class LongTail(_Table):
+    """A soak at `fraction` of the knee's load (loadgen.analysis.soak reads it)."""
+
+    enabled: bool
+    fraction: Positive  # of the knee's load
+    duration: Duration
+    bucket: Duration  # drift buckets (SoakAnalysis bucket_s)
+    tail_k: Annotated[float, msgspec.Meta(gt=1)]
+
+
+class _Fault(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_field="fault"):
+    """One scheduled fault of the proxy; `fault` (the TOML key) names its kind."""
+
+    at: Seconds  # from the faults phase's start
+
+    @property
+    def length(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def end(self) -> float:
+        return self.at + self.length
+
+
+class _Timed(_Fault):
+    """A fault that lasts `for` seconds (a Python keyword: the attribute is for_)."""
+
+    for_: Duration = msgspec.field(name="for")
+
+    @property
+    def length(self) -> float:
+        return float(self.for_)
+
+
+class Latency(_Timed, tag="latency"):
+    ms: Positive
+    jitter_ms: NonNegative = 0.0
+
+
+class Reset(_Timed, tag="reset"):
+    probability: Fraction
+
+
+class Blackhole(_Fault, tag="blackhole"):
+    seconds: Duration
+
+    @property
+    def length(self) -> float:
+        return float(self.seconds)
+
+
+class Bandwidth(_Timed, tag="bandwidth"):
+    bytes_per_s: Positive
+
+
+Fault = Latency | Reset | Blackhole | Bandwidth
+
+
+class Leaks(_Table):
+    """Memory slopes over the long tail's soak (no run of its own), judged in MB/h."""
+
+    enabled: bool
+    max_rss_mb_per_h: NonNegative
+    max_gpu_mb_per_h: NonNegative
+    min_soak: Seconds  # a shorter soak shows the slopes without judging them
+
+
+class Efficiency(_Table):
+    """Energy and GPU use at these points of other phases (no run of its own)."""
+
+    enabled: bool
+    at: Annotated[list[Literal["baseline", "knee"]], msgspec.Meta(min_length=1)]
+
+
+class Scaling(_Table):
+    """Throughput at 1..N targets against N x one; empty with a single target."""
+
+    enabled: bool
+    targets: list[Url]  # []: the command line's --url targets
+    per_target: Literal["knee", "baseline"]
+    duration: Duration
+    warmup: Seconds
+
+
+class Phases(_Table):
+    baseline: Baseline
+    ramp: Ramp
+    long_tail: LongTail
+    faults: list[Fault]  # []: no faults phase
+    leaks: Leaks
+    efficiency: Efficiency
+    scaling: Scaling
+
+
+class Plan(_Table):
+    version: int
+    slo: SloText
+    phases: Phases
+    quick: Phases  # the --quick profile: phases with [quick] laid over them
+
+    def profile(self, quick: bool) -> Phases:
+        return self.quick if quick else self.phases
+
+    def slos(self, ramp: Ramp | None = None) -> Slos:
+        """The plan's SLOs; with a ramp, the ramp's own when it has some."""
+        return parse_slos(ramp.slo if ramp is not None and ramp.slo else self.slo)
+
+
+# ---- reading ----------------------------------------------------------------------------
+
+
+def parse_plan(text: str, source: str = "plan.toml") -> Plan:
+    """The Plan of a plan file's text laid over the default plan; PlanError names `source`
+    and the key path."""
+    return _build(_merge(_default_raw(), _toml(text, source)), source)
+
+
+def read_plan(path: str | Path) -> Plan:
+    """The Plan of a --plan FILE; PlanError (one line) when it cannot be read or used."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise PlanError(f"{path}: not UTF-8 text") from None
+    except OSError as e:
+        raise PlanError(f"{path}: cannot read: {e.strerror or e}") from None
+    return parse_plan(text, str(path))
+
+
+def plan_to_builtins(plan: Plan) -> dict[str, Any]:
+    """The Plan as JSON-able builtins (for an eval's results, and its resume), in the
+    plan file's key names."""
+    return msgspec.to_builtins(plan, enc_hook=_enc_hook)
+
+
+def plan_from_builtins(data: dict[str, Any], source: str) -> Plan:
+    """The Plan that plan_to_builtins wrote; PlanError names `source` when it is not one."""
+    return _build(data, source)
+
+
+def default_plan() -> Plan:
+    return _build(_default_raw(), "the default plan")
+
+
+def _toml(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise PlanError(f"{source}: not TOML: {e}") from None
+
+
+def _default_raw() -> dict[str, Any]:
+    return tomllib.loads(DEFAULT_PLAN)
+
+
+def _merge(base: Any, over: Any) -> Any:
+    """`over` laid over `base`: tables key by key, anything else (lists too) replaced."""
+    if not (isinstance(base, dict) and isinstance(over, dict)):
+        return copy.deepcopy(over)
+    merged = copy.deepcopy(base)
+    for key, value in over.items():
+        merged[key] = _merge(merged[key], value) if key in merged else copy.deepcopy(value)
+    return merged
+
+
+def _build(raw: dict[str, Any], source: str) -> Plan:
+    # [quick] is validated as the complete Phases it makes, under its own name, so an error
+    # in an override names quick.…, and one in an inherited value was already reported
+    # under phases.… (the dict's order is the order msgspec checks in).
+    shaped = {key: value for key, value in raw.items() if key != "quick"}
+    shaped["quick"] = _merge(raw.get("phases"), raw.get("quick", {}))
+    try:
+        plan = msgspec.convert(shaped, Plan, dec_hook=_dec_hook)
+    except msgspec.ValidationError as e:
+        raise PlanError(f"{source}: {_explain(str(e), shaped)}") from None
+    problem = _check(plan)
+    if problem:
+        raise PlanError(f"{source}: {problem}")
+    return plan
+
+
+# ---- checks across keys -----------------------------------------------------------------
+
+
+def _check(plan: Plan) -> str | None:
+    """The first problem that no single key's type can say, as 'path: words'; None: none."""
+    if plan.version != PLAN_VERSION:
+        return f"version: this tokentop reads plan version {PLAN_VERSION}, not {plan.version}"
+    for name in ("phases", "quick"):
+        phases: Phases = getattr(plan, name)
+        problem = _check_steps(phases.ramp, f"{name}.ramp") or _check_faults(phases.faults, name)
+        if problem:
+            return problem
+    return None
+
+
+def _check_steps(ramp: Ramp, path: str) -> str | None:
+    steps = ramp.steps
+    if steps == "auto":
+        return None
+    if not steps or list(steps) != sorted(set(steps)):
+        return f"{path}.steps: expected increasing loads, e.g. [1, 2, 4, 8], or \"auto\""
+    return None
+
+
+def _check_faults(faults: list[Fault], name: str) -> str | None:
+    """Faults must not overlap: each row is the success rate under one fault."""
+    order = sorted(range(len(faults)), key=lambda i: faults[i].at)
+    for before, after in itertools.pairwise(order):
+        if faults[after].at < faults[before].end:
+            a, b = faults[before], faults[after]
+            return (f"{name}.faults[{after}].at: starts at {b.at:g} s, while "
+                    f"{name}.faults[{before}] ({a.at:g} s to {a.end:g} s) is still on")
+    return None
+
+
+# ---- planned time -----------------------------------------------------------------------
+
+
+def faults_seconds(faults: list[Fault]) -> float:
+    """The faults phase's length: to the end of the last fault, and FAULT_SETTLE_S after."""
+    return max(f.end for f in faults) + FAULT_SETTLE_S if faults else 0.0
+
+
+def planned_seconds(phases: Phases, targets: int = 1) -> float:
+    """The load time the battery plans (an auto ramp counted at its most steps): leaks and
+    efficiency are read from other phases, scaling runs 1..N targets when N > 1."""
+    from loadgen.analysis.sweep import AUTO_MAX_STEPS  # the sweep's module is a heavy import
+
+    b, r, t, s = phases.baseline, phases.ramp, phases.long_tail, phases.scaling
+    steps = AUTO_MAX_STEPS if r.steps == "auto" else len(r.steps)
+    total = (b.warmup + b.duration) * b.enabled
+    total += steps * (r.step_warmup + r.step_duration) * r.enabled
+    total += t.duration * t.enabled + faults_seconds(phases.faults)
+    total += targets * (s.warmup + s.duration) * (s.enabled and targets > 1)
+    return float(total)
+
+
+# ---- errors in words --------------------------------------------------------------------
+
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_EXPECTED = re.compile(r"^Expected `(?P<type>[^`]+)`(?P<rule>[^,]*)(?:, got `(?P<got>[^`]+)`)?$")
+_TYPE_WORDS = {"float": "a number", "int": "a whole number", "str": "text", "bool": "true or false",
+               "array": "a list", "object": "a table", "null": "nothing"}
+_RULE_WORDS = {">=": "at least", ">": "above", "<=": "at most", "<": "below"}
+
+
+def _explain(message: str, raw: dict[str, Any]) -> str:
+    """A msgspec ValidationError's text as 'key.path: words', with the value found there."""
+    m = _AT.match(message)
+    assert m is not None  # the pattern matches any text
+    msg, path = m["msg"], _segments(m["path"] or "")
+    if unknown := re.match(r"Object contains unknown field `(.+)`", msg):
+        return _unknown(path, unknown[1], raw)
+    if missing := re.match(r"Object missing required field `(.+)`", msg):
+        needs = ", ".join(_known_keys(path, raw, required=True))
+        return f"{_dotted([*path, missing[1]])}: missing (this table needs {needs})"
+    value = _value_at(raw, path)
+    if expected := _EXPECTED.match(msg):
+        return f"{_dotted(path)}: expected {_expected(expected)}, got {_show(value)}"
+    if msg.startswith(("Invalid enum value", "Invalid value")):
+        return f"{_dotted(path)}: expected {_either(_choices(path, raw))}, got {_show(value)}"
+    return f"{_dotted(path)}: {msg}"  # a reader's own words (_dec_hook)
+
+
+def _expected(m: re.Match) -> str:
+    kinds = " or ".join(_TYPE_WORDS.get(k.strip(), k.strip()) for k in m["type"].split("|"))
+    rule = m["rule"].strip()
+    if rule.startswith("of length >="):
+        return f"{kinds} of at least {rule.split()[-1]}"
+    if rule:
+        op, _, limit = rule.partition(" ")
+        return f"{kinds}, {_RULE_WORDS.get(op, op)} {float(limit):g}"
+    return kinds
+
+
+def _either(words: list[str]) -> str:
+    return " or ".join(words) if len(words) < 3 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def _unknown(path: list, key: str, raw: dict[str, Any]) -> str:
+    known = _known_keys(path, raw)
+    near = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean {near[0]}?)" if near else f"; known keys: {', '.join(known)}"
+    return f"{_dotted([*path, key])}: unknown key{hint}"
+
+
+def _segments(path: str) -> list[str | int]:
+    """".phases.faults[2].at" -> ["phases", "faults", 2, "at"]"""
+    return [int(index) if index else key
+            for key, index in re.findall(r"\.([^.\[]+)|\[(\d+)\]", path)]
+
+
+def _dotted(segments: list[str | int]) -> str:
+    out = ""
+    for seg in segments:
+        out += f"[{seg}]" if isinstance(seg, int) else (f".{seg}" if out else seg)
+    return out or "the plan"
+
+
+def _value_at(raw: Any, path: list[str | int]) -> Any:
+    for seg in path:
+        try:
+            raw = raw[seg]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return raw
+
+
+def _show(value: object) -> str:
+    """A value as it was written in TOML."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list" if value else "an empty list"
+    return "nothing" if value is None else str(value)
+
+
+def _type_at(path: list[str | int], raw: Any) -> mi.Type:
+    """The plan's type at `path`, unions of faults resolved by the raw data's `fault`."""
+    kind: mi.Type = mi.type_info(Plan)
+    data = raw
+    for seg in path:
+        kind = _resolve(kind, data)
+        if isinstance(kind, mi.StructType):
+            kind = next((f.type for f in kind.fields if f.encode_name == seg), mi.AnyType())
+        elif isinstance(kind, mi.ListType):
+            kind = kind.item_type
+        data = _value_at(data, [seg])
+    return _resolve(kind, data)
+
+
+def _resolve(kind: mi.Type, data: Any) -> mi.Type:
+    if isinstance(kind, mi.UnionType) and isinstance(data, dict):
+        for member in kind.types:
+            if isinstance(member, mi.StructType) and data.get(member.tag_field) == member.tag:
+                return member
+    return kind
+
+
+def _known_keys(path: list[str | int], raw: Any, *, required: bool = False) -> list[str]:
+    """The keys of the table at `path` (a fault's kind first, then by name)."""
+    kind = _type_at(path, raw)
+    structs = kind.types if isinstance(kind, mi.UnionType) else (kind,)
+    keys: list[str] = []
+    for struct in structs:
+        if isinstance(struct, mi.StructType):
+            tag = [struct.tag_field] if struct.tag_field else []
+            names = sorted(f.encode_name for f in struct.fields if f.required or not required)
+            keys += [k for k in [*tag, *names] if k not in keys]
+    return keys
+
+
+def _choices(path: list[str | int], raw: Any) -> list[str]:
+    """What is allowed at `path`, in words: a Literal's values (and the other types of its
+    union, as a ramp's "auto" or a list), or the fault kinds at a fault's `fault` key."""
+    parent = _type_at(path[:-1], raw)
+    if isinstance(parent, mi.UnionType):  # a fault of an unknown kind
+        return [_show(t.tag) for t in parent.types if isinstance(t, mi.StructType)]
+    kind = _type_at(path, raw)
+    members = kind.types if isinstance(kind, mi.UnionType) else (kind,)
+    words = [_show(v) for t in members if isinstance(t, mi.LiteralType) for v in t.values]
+    return words + ["a list" for t in members if isinstance(t, mi.ListType)]
+
+
+# ---- the default plan (`tokentop eval --print-plan`) -------------------------------------
+
+DEFAULT_PLAN = """\
+# tokentop eval plan: what `tokentop eval` runs against one serving framework.
+#
+# Start yours from this one (tokentop eval --print-plan > plan.toml) and keep only what
+# you change: --plan FILE is laid over this default key by key, and a list (steps,
+# [[phases.faults]], targets) replaces the default's whole list.
+# Times: seconds as a number (90) or text with a unit ("90s", "5m", "24h").
+# --quick lays the [quick] tables below over [phases] the same way: the whole battery
+# against the embedded simulator then takes under 5 minutes.
+
+version = 1
+
+# SLOs, as `tokentop run --slo`: per request (goodput: ttft<, tpot<, e2e<) and whole-run
+# thresholds (ttft_p99<, itl_p99<, error_rate<, output_tok_s>), judged in every row where
+# one applies.
+slo = "ttft<2s,tpot<100ms,ttft_p99<4s,itl_p99<200ms,error_rate<1%"
+
+# 1. Baseline: a fixed load: req/s, output tok/s, TTFT / ITL / E2E P50 to P99.9.
+#    Every phase sends this workload; the faults phase drives this load too.
+[phases.baseline]
+enabled = true
+mode = "closed"          # closed: `concurrency` streams; open: `rate` requests per second
+concurrency = 16
+rate = 4.0
+duration = "5m"
+warmup = "30s"           # load before the measurement, left out of the results
+dataset = "synthetic"    # synthetic, text:FILE, sharegpt:FILE or jsonl:FILE (as --dataset)
+input_tokens = 512       # 512, "uniform:64:256", "normal:128:32", "lognormal:128:0.5"
+output_tokens = 128      # the same forms; "dataset": a ShareGPT dataset's reply lengths
+
+# 2. Pressure ramp: a sweep to the knee and the max goodput under the SLO, in the
+#    baseline's mode (streams in closed loop, req/s in open loop).
+[phases.ramp]
+enabled = true
+steps = "auto"           # "auto": doubling until the knee or saturation; or [1, 2, 4, 8, 16]
+step_duration = "30s"    # measured, per step
+step_warmup = "10s"      # not measured, per step
+knee_fraction = 0.5      # the knee: the last step before scaling falls below this (1 = linear)
+max_error_rate = "5%"    # stop after a step with more errors than this
+slo = ""                 # the sweep's goodput SLO; "": the plan's slo
+
+# 3. Long tail: a soak at a fraction of the knee's load, listing every interval whose tail
+#    breaks out.
+[phases.long_tail]
+enabled = true
+fraction = 0.8           # of the knee's load
+duration = "24h"
+bucket = "1h"            # drift: each bucket compared with the first
+tail_k = 5.0             # a tick whose P99.9 passes tail_k x the run's median P99 is listed
+
+# 4. Stability under faults, from the fault-injecting proxy that tokentop runs between itself
+#    and the server, at the baseline's load. `at` counts from the phase's start; faults must
+#    not overlap (each row is the success rate under one fault), and the phase goes on 15 s
+#    after the last one ends, to see the recovery. No faults phase: phases.faults = [].
+#    Killing and restarting the server is only ever asked on the command line
+#    (--chaos-restart-cmd), never by a plan.
+#      latency    delay of `ms` (plus or minus jitter_ms) on the traffic, for `for`
+#      reset      each connection reset with `probability`, for `for`
+#      blackhole  nothing passes for `seconds`: connections hang, as on a dead link
+#      bandwidth  the traffic capped at bytes_per_s, for `for`
+[[phases.faults]]
+at = "1m"
+fault = "latency"
+ms = 200
+jitter_ms = 50
+for = "1m"
+
+[[phases.faults]]
+at = "3m"
+fault = "reset"
+probability = 0.05
+for = "1m"
+
+[[phases.faults]]
+at = "5m"
+fault = "blackhole"
+seconds = 10
+
+[[phases.faults]]
+at = "6m"
+fault = "bandwidth"
+bytes_per_s = 65536
+for = "1m"
+
+# 5. Leaks: growth of the server process' RSS and of GPU memory over the long tail's soak.
+[phases.leaks]
+enabled = true
+max_rss_mb_per_h = 50.0
+max_gpu_mb_per_h = 50.0
+min_soak = "30m"         # a shorter soak shows the slopes but does not judge them
+
+# 6. Efficiency: output tokens per joule, req/s per watt, GPU utilisation, GPU memory per
+#    request in flight; with --dcgm-url, SM, tensor-pipe and DRAM activity too. Read from
+#    these phases' load, not a run of its own ("knee": the ramp's knee step).
+[phases.efficiency]
+enabled = true
+at = ["baseline", "knee"]
+
+# 7. Scaling: throughput with 1, 2, ... N targets (replicas), each at `per_target` load,
+#    against N x one. With a single target the row says why it is empty.
+[phases.scaling]
+enabled = true
+targets = []             # base URLs, e.g. ["http://10.0.0.2:8000/v1"]; []: the --url targets
+per_target = "knee"      # "knee": the ramp's knee load on each; "baseline": the baseline's
+duration = "2m"
+warmup = "20s"
+
+# --quick: these keys replace the ones above; the rest stays.
+[quick.baseline]
+duration = "20s"
+warmup = "5s"
+
+[quick.ramp]
+steps = [1, 2, 4, 8, 16, 32]
+step_duration = "8s"
+step_warmup = "2s"
+
+[quick.long_tail]
+duration = "1m"
+bucket = "20s"
+
+[[quick.faults]]
+at = "5s"
+fault = "latency"
+ms = 200
+jitter_ms = 50
+for = "8s"
+
+[[quick.faults]]
+at = "18s"
+fault = "reset"
+probability = 0.05
+for = "6s"
+
+[[quick.faults]]
+at = "30s"
+fault = "blackhole"
+seconds = 3
+
+[[quick.faults]]
+at = "40s"
+fault = "bandwidth"
+bytes_per_s = 65536
+for = "8s"
+
+[quick.scaling]
+duration = "12s"
+warmup = "3s"
+"""
