@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import ClassVar
@@ -25,7 +25,7 @@ from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Grid
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer
 
 from loadgen.model.kinds import SourceKind
@@ -33,6 +33,7 @@ from loadgen.model.slo import SloError, Slos, parse_slos
 from loadgen.model.snapshot import Control, Event, Snapshot, to_json
 from loadgen.model.source import SnapshotSource, SourceError
 from loadgen.model.windows import WINDOWS, SnapshotWindows
+from loadgen.record.replay import replay_of
 from themes import DEFAULT_THEME, MONO_THEME, THEME_NAMES, register_themes
 from tui.config import load_config, save_setting
 from tui.help_screen import HelpScreen
@@ -137,11 +138,15 @@ class TokentopApp(App[None]):
         Binding("x", "detail('errors')", "errors", show=False,
                 tooltip="errors by kind, last messages"),
         Binding("v", "detail('snapshot')", "raw", show=False, tooltip="the full Snapshot as text"),
-        Binding("1", "replay_speed(1)", "×1", show=False, tooltip="replay: real speed"),
-        Binding("2", "replay_speed(10)", "×10", show=False, tooltip="replay: ten times faster"),
-        Binding("3", "replay_speed(100)", "×100", show=False, tooltip="replay: a hundred times"),
-        Binding("left", "seek_by(-30)", "−30 s", show=False, tooltip="replay: back 30 s"),
-        Binding("right", "seek_by(30)", "+30 s", show=False, tooltip="replay: forward 30 s"),
+        # replay keys: in the footer of a replay only (check_action), the load keys hidden
+        Binding("1", "replay_speed(1)", "×1", tooltip="replay: real speed"),
+        Binding("2", "replay_speed(10)", "×10", tooltip="replay: ten times faster"),
+        Binding("3", "replay_speed(100)", "×100", tooltip="replay: a hundred times"),
+        Binding("left", "seek_by(-30)", "−30 s", key_display="←", tooltip="replay: back 30 s"),
+        Binding("right", "seek_by(30)", "+30 s", key_display="→",
+                tooltip="replay: forward 30 s"),
+        # p again: the live `pause` binding is off in a replay, so this one takes the key
+        Binding("p", "replay_pause", "pause", tooltip="replay: pause / resume the replay"),
         Binding("question_mark", "help", "help", key_display="?", tooltip="this help"),
         Binding("q", "quit", "quit", tooltip="stop the load and quit (asks once if running)"),
     ]
@@ -154,6 +159,8 @@ class TokentopApp(App[None]):
         refresh: float = 0.5,
         slo: str | None = None,
         save_dir: Path | str | None = None,
+        run_dir: Callable[[str], Path | None] | None = None,
+        target_note: str | None = None,
     ) -> None:
         # Textual removes NO_COLOR from the environment in App.__init__: read it first
         no_color = bool(os.environ.get("NO_COLOR")) or not terminal_has_colours()
@@ -161,6 +168,10 @@ class TokentopApp(App[None]):
         self.source = source
         self.refresh_s = refresh
         self.save_dir = Path(save_dir) if save_dir is not None else None
+        self._run_dir_of = run_dir
+        self._run_dir: Path | None = None
+        # what the target is when the console can say more than its URL (the simulator)
+        self.target_note = target_note
         self.windows = SnapshotWindows()
         self.history = History()
         self.window = "10s"
@@ -195,6 +206,7 @@ class TokentopApp(App[None]):
         self._source_closed = False
         self._close_timeout = CLOSE_TIMEOUT_S
         self._hangup = False
+        self._waiting: str | None = None  # the header's line while the target does not answer
 
     # ---------------------------------------------------------------- layout
 
@@ -225,7 +237,7 @@ class TokentopApp(App[None]):
         self._consume()
 
     def _description(self) -> str:
-        return getattr(self.source, "description", "") or ""
+        return self._waiting or getattr(self.source, "description", "") or ""
 
     # --------------------------------------------------------------- source
 
@@ -233,6 +245,7 @@ class TokentopApp(App[None]):
     async def _consume(self) -> None:
         """Start the source and fold every Snapshot in; drawing happens on a timer."""
         try:
+            await self._wait_for_target()
             await self.source.start()
             async for snap in self.source.snapshots():
                 self._take(snap)
@@ -245,6 +258,34 @@ class TokentopApp(App[None]):
         self.ended = True
         self._dirty = True
         self._refresh_screen()
+
+    async def _wait_for_target(self) -> None:
+        """A live run's --url that does not answer yet (a server still loading) is waited
+        for here, as long as it takes (or --wait), probed every 2 s and said in the events
+        and a notice, before the run process starts: it would fail at once. `q` quits."""
+        from loadgen.run.preflight import TargetError, check_url, wait_for_target
+
+        cfg, secrets = getattr(self.source, "cfg", None), getattr(self.source, "secrets", None)
+        if getattr(cfg, "url", None) is None or secrets is None:
+            return  # a replay, or the embedded simulator
+        try:
+            base = check_url(cfg.url)
+        except TargetError:
+            return  # the run process says what is wrong with it, in its words
+
+        def say(line: str) -> None:
+            text = line.removeprefix("tokentop: ").replace("Ctrl-C to stop", "q to quit")
+            up = not text.startswith("waiting for")  # said once each: waiting, then up
+            self._waiting = None if up else text
+            self.clear_notifications()
+            self.notify(text, severity="information" if up else "warning",
+                        timeout=5 if up else 24 * 3600)
+            self._note("target", text, level="info" if up else "warn")
+
+        try:
+            await wait_for_target(base, secrets.authorization(), say, cfg.wait)
+        except TargetError:
+            self._waiting = None  # --wait is over: the run process says so, in its words
 
     def _take(self, snap: Snapshot) -> None:
         """Fold one Snapshot in: windows, history rings, events. No drawing here."""
@@ -283,7 +324,8 @@ class TokentopApp(App[None]):
 
     def load_running(self) -> bool:
         snap = self.windows.last
-        if snap is None or self.ended or self._source_closed:
+        # a replay's recorded state is not a load this console could stop: q just quits
+        if snap is None or self.ended or self._source_closed or self._is_replay():
             return False
         return snap.load.state in ("starting", "running", "draining")
 
@@ -299,7 +341,8 @@ class TokentopApp(App[None]):
             return
         self._dirty = False
         snap = self.windows.last
-        screen = self.screen
+        # the topmost full screen: a dialog (modal overlay) over it leaves it showing, live
+        screen = next(s for s in reversed(self.screen_stack) if not isinstance(s, ModalScreen))
         with self.batch_update():
             view = None
             if snap is not None:
@@ -310,8 +353,9 @@ class TokentopApp(App[None]):
                     slos=self.slos, outage=self.outage,
                     dense=self.windows.dense(self.window),
                     error_events=tuple(self.error_events),
+                    target_note=self.target_note,
                 )
-            events = self.query_one(EventsPanel)
+            events = self.screen_stack[0].query_one(EventsPanel)
             if self._pending_events:
                 events.add(self._pending_events)
                 self._pending_events = []
@@ -321,7 +365,7 @@ class TokentopApp(App[None]):
             if isinstance(screen, DetailScreen):
                 screen.draw(view)
             elif view is not None and screen is self.screen_stack[0]:
-                for panel in self.query(Panel):
+                for panel in screen.query(Panel):
                     panel.show(view)
             if snap is not None:
                 self.drawn_seq = snap.seq
@@ -330,6 +374,14 @@ class TokentopApp(App[None]):
         self.redraw_now()
 
     # -------------------------------------------------------------- actions
+
+    @property
+    def run_dir(self) -> Path | None:
+        """Where the run records (None: not recorded, or not known yet)."""
+        snap = self.windows.last
+        if self._run_dir is None and snap is not None and self._run_dir_of is not None:
+            self._run_dir = self._run_dir_of(snap.run_id)
+        return self._run_dir
 
     def _open_loop(self) -> bool:
         snap = self.windows.last
@@ -387,23 +439,77 @@ class TokentopApp(App[None]):
             await self._send(Control(op=op, value=value, source="key"), shown)
 
         self.push_screen(
-            InputModal(f"Set {what}", "a number", check, value=current, placeholder=current),
+            # empty, the current value as placeholder: typing starts a new number, enter alone
+            # changes nothing
+            InputModal(f"Set {what}", f"a number (now {current or 'unset'})", check,
+                       placeholder=current, keep_empty=True),
             apply,
         )
 
     async def action_toggle_mode(self) -> None:
-        new = "closed" if self._open_loop() else "open"
-        await self._send(Control(op="set_mode", note=new, source="key"), f"switching to {new} loop")
+        """Switch loop mode at the load level the run has now, not the other mode's old
+        setting: closed → open at the measured req/s, open → closed at the requests in flight."""
+        to_open = not self._open_loop()
+        new = "open" if to_open else "closed"
+        level = self._matching_level(to_open)
+        done = f"switching to {new} loop"
+        if level is not None:
+            op = "set_rate" if to_open else "set_concurrency"
+            if not await self._send(Control(op=op, value=level, source="key"), None):
+                return
+            done += f" at {level:g} req/s (the measured rate)" if to_open else \
+                f" at {level:g} streams (the requests in flight)"
+        await self._send(Control(op="set_mode", note=new, source="key"), done)
+
+    def _matching_level(self, to_open: bool) -> float | None:
+        """The other mode's setting for the load as it runs: req/s over the last 10 s, or
+        the streams in flight; None when nothing was measured yet."""
+        snap = self.windows.last
+        if snap is None:
+            return None
+        if to_open:
+            rate = self.windows.stats("10s").req_s
+            return round(rate, 1) if rate else None
+        return float(max(1, snap.load.in_flight)) if snap.load.in_flight else None
 
     async def action_replay_speed(self, factor: float) -> None:
         if self._is_replay():
             await self._send(Control(op="replay_speed", value=factor, source="key"),
                              f"replay speed ×{factor:g}")
+            self.redraw_now()  # the header's ×N, even while paused (no Snapshot comes)
 
     async def action_seek_by(self, seconds: float) -> None:
-        if self._is_replay():
-            await self._send(Control(op="seek_by", value=seconds, source="key"),
-                             f"seek {seconds:+g} s")
+        if not self._is_replay():
+            return
+        replay = replay_of(self.source)
+        if seconds > 0 and replay is not None and replay.status().at_end:
+            self.notify("at the end of the recording", timeout=2)
+            return
+        await self._send(Control(op="seek_by", value=seconds, source="key"),
+                         f"seek {seconds:+g} s")
+
+    async def action_replay_pause(self) -> None:
+        """The replay's own pause, whatever the recorded run was doing at that point."""
+        replay = replay_of(self.source)
+        if replay is not None and replay.paused:
+            await self._send(Control(op="resume", source="key"), "replay resumed")
+        else:
+            await self._send(Control(op="pause", source="key"), "replay paused")
+        self.redraw_now()  # the header says "replay paused" now, not at the next Snapshot
+
+    # a replay cannot change the load: these only toast there, so they leave its footer
+    LOAD_ACTIONS = frozenset({"step", "add_concurrency", "set_exact", "toggle_mode", "pause",
+                              "auto_ramp", "mark"})
+    REPLAY_ACTIONS = frozenset({"replay_speed", "seek_by", "replay_pause"})
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Replay keys in a replay, load keys otherwise (False: off and out of the footer;
+        `p` then falls through to the binding that is on)."""
+        if action in self.REPLAY_ACTIONS:
+            return self._is_replay()
+        if action in self.LOAD_ACTIONS:
+            return not self._is_replay()
+        return True
 
     @property
     def source_kind(self) -> SourceKind:
@@ -413,8 +519,11 @@ class TokentopApp(App[None]):
         return self.source_kind == "replay"
 
     async def action_auto_ramp(self) -> None:
+        # without --slo the run judges by the knee of the throughput curve: say so up front
+        judged = ("while the SLOs hold" if self.slos is not None else
+                  "while throughput rises (no --slo: judged by the throughput knee)")
         await self._send(Control(op="auto_ramp", source="key"),
-                         "auto-ramp: climbing while the SLOs hold (any load key stops it)")
+                         f"auto-ramp: climbing {judged} (any load key stops it)")
 
     async def action_pause(self) -> None:
         snap = self.windows.last
@@ -456,7 +565,8 @@ class TokentopApp(App[None]):
         )
 
     def action_save(self) -> None:
-        folder = self.save_dir or Path.cwd()
+        # beside the run's own record when there is one, not wherever the shell happened to be
+        folder = self.save_dir or self.run_dir or Path.cwd()
         stem = f"tokentop-{time.strftime('%Y%m%d-%H%M%S')}"
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -534,6 +644,9 @@ class TokentopApp(App[None]):
         """The console's own keys in the command palette beside Textual's (whose "Quit" is
         our action_quit, so it drains the load too)."""
         yield from super().get_system_commands(screen)
+        if self._is_replay():  # the load commands would only say "not in a replay"
+            yield from self._replay_commands()
+            return
         for _key, display, step in STEP_KEYS:
             yield SystemCommand(
                 f"Load {step:+d}",
@@ -560,3 +673,13 @@ class TokentopApp(App[None]):
         )
         for title, help_text, callback in commands:
             yield SystemCommand(title, help_text, callback)
+
+    def _replay_commands(self) -> Iterable[SystemCommand]:
+        yield SystemCommand("Pause / resume the replay", "Stop or go on (key p)",
+                            self.action_replay_pause)
+        for factor, key in ((1.0, "1"), (10.0, "2"), (100.0, "3")):
+            yield SystemCommand(f"Replay at ×{factor:g}", f"Speed (key {key})",
+                                partial(self.action_replay_speed, factor))
+        yield SystemCommand("Back 30 s", "Seek (key ←)", partial(self.action_seek_by, -30.0))
+        yield SystemCommand("Forward 30 s", "Seek (key →)", partial(self.action_seek_by, 30.0))
+        yield SystemCommand("Help", "List the keys (key ?)", self.action_help)

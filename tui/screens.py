@@ -82,6 +82,7 @@ class InputModal(ModalScreen[str | None]):
         *,
         value: str = "",
         placeholder: str = "",
+        keep_empty: bool = False,
     ) -> None:
         super().__init__()
         self._title = title
@@ -89,11 +90,17 @@ class InputModal(ModalScreen[str | None]):
         self._check = check
         self._value = value
         self._placeholder = placeholder
+        # enter on an empty field keeps what is set (the placeholder shows it): nothing to
+        # delete before typing, nothing selected that a key could replace
+        self._keep_empty = keep_empty
 
     def compose(self) -> ComposeResult:
         with Vertical() as box:
             box.border_title = self._title
-            yield Input(value=self._value, placeholder=self._placeholder, id="input")
+            # no select-on-focus: focus coming back (a click, a toast, the terminal's focus)
+            # would select what was typed, and the next key would replace it all
+            yield Input(value=self._value, placeholder=self._placeholder, id="input",
+                        select_on_focus=False)
             yield Static("", id="input-error")
             yield Static(f"{self._hint} · enter: apply · escape: cancel", id="input-hint")
 
@@ -102,6 +109,9 @@ class InputModal(ModalScreen[str | None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         text = event.value.strip()
+        if not text and self._keep_empty:
+            self.dismiss(None)
+            return
         error = self._check(text)
         if error:
             self.query_one("#input-error", Static).update(Content(error))

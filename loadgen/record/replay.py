@@ -12,12 +12,17 @@ Control ops (loadgen.model.snapshot.Control):
     pause / resume                 stop and go on (the same ops as a live run)
     replay_speed  value=10         ×10 (any factor > 0; 0 or less: as fast as possible)
     seek          value=S          jump to S seconds of load (Snapshot.elapsed)
-    seek_by       value=±S         jump S seconds forward or back
+    seek_by       value=±S         jump S seconds forward or back, from where the last
+                                   seek goes if it is still under way (fast presses add up)
     stop                           end the replay
 Anything else (set_concurrency …) is ignored: a replay cannot change the load.
-After a backward seek the Snapshots start again from earlier: `seq` goes down,
-which is how a consumer knows to reset its windows and charts. The first
-Snapshot after a seek carries an Event(kind="replay") that says where it is.
+Seeks are held within the recording (0 to its length so far). After a backward seek
+the Snapshots start again from earlier: `seq` goes down, which is how a consumer knows
+to reset its windows and charts. The first Snapshot after a seek carries an
+Event(kind="replay") that says where it is, and is given out at once, even paused.
+With hold=True (the console) the end of the recording waits for a seek or a stop
+instead of ending the iterator, so that ← still works there; `status()` says where
+the replay stands (position / length, speed, paused, at the end).
 
     tokentop replay DIR [--speed 10] [--no-follow]   the console on a replay (tui/commands)
 """
@@ -28,6 +33,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from loadgen.model.kinds import SourceKind
@@ -40,6 +46,7 @@ from loadgen.record.rundir import (
     RUNNING,
     RunDirError,
     RunReader,
+    last_snapshot,
     parts,
     read_manifest,
     run_state,
@@ -75,6 +82,28 @@ def end_note(state: str, manifest: dict) -> tuple[str, str]:
     return "info", "the run finished" if state == FINISHED else f"the run is {state}"
 
 
+@dataclass(frozen=True)
+class ReplayStatus:
+    """Where a replay stands, for the console's header and keys."""
+
+    position: float  # elapsed of the last Snapshot given out
+    length: float  # elapsed of the last Snapshot recorded (so far, while following)
+    speed: float
+    paused: bool  # the replay's own pause, not the recorded run's
+    following: bool  # the run is still written: the length grows
+    at_end: bool  # all that is recorded has been given out and no seek is under way
+
+
+def replay_of(source) -> ReplaySource | None:
+    """The ReplaySource behind a source: itself, or the one a wrapper (a WatchedSource,
+    as `tokentop replay --slo` makes) holds as `.source`."""
+    for _ in range(4):  # wrappers do not nest deeper; bounded so a cycle cannot hang
+        if isinstance(source, ReplaySource):
+            return source
+        source = getattr(source, "source", None)
+    return None
+
+
 class _Clock:
     """Recorded time → wall time at the replay speed; rebased on a pause or a new speed."""
 
@@ -102,19 +131,22 @@ class ReplaySource:
     kind: SourceKind = "replay"
 
     def __init__(self, run_dir: Path | str, *, speed: float = 1.0, follow: bool | None = None,
-                 poll_s: float = 0.25, warn=None) -> None:
+                 poll_s: float = 0.25, warn=None, hold: bool = False) -> None:
         self.run_dir = Path(run_dir)
         self.speed = speed
         self.follow = follow
+        self.hold = hold
         self.poll_s = poll_s
         self.paused = False
         self.warnings: list[str] = []
         self._warn = warn
-        self._seek_to: float | None = None
+        self._seek_to: float | None = None  # a seek the playing reader has not taken up yet
+        self._target: float | None = None  # the seek under way, until its Snapshot is out
         self._stopped = False
         self._changed = asyncio.Event()
         self._manifest: dict = {}
         self.position: float = 0.0  # elapsed of the last Snapshot given out
+        self.length: float = 0.0  # elapsed of the last Snapshot recorded so far
         self.description = f"replay: {self.run_dir}"
 
     def _note(self, message: str) -> None:
@@ -124,6 +156,8 @@ class ReplaySource:
 
     async def start(self) -> None:
         self._manifest = check_replayable(self.run_dir)
+        last = last_snapshot(self.run_dir, warn=lambda _m: None)  # the reader warns itself
+        self.length = max(self.length, last.elapsed if last is not None else 0.0)
         state = self._state()
         if self.follow is None:
             self.follow = state == RUNNING  # a live writer: more is coming
@@ -152,14 +186,25 @@ class ReplaySource:
         elif op == "replay_speed" and v is not None:
             self.speed = float(v)
         elif op == "seek" and v is not None:
-            self._seek_to = max(0.0, float(v))
+            self._seek(float(v))
         elif op == "seek_by" and v is not None:
-            self._seek_to = max(0.0, self.position + float(v))
+            # from the seek under way, not from a position it has not reached yet: a
+            # second press before the first landed would otherwise be lost
+            self._seek((self.position if self._target is None else self._target) + float(v))
         elif op == "stop":
             self._stopped = True
         else:
             return
         self._changed.set()
+
+    def _seek(self, to: float) -> None:
+        self._target = self._seek_to = min(max(0.0, to), self.length)
+
+    def status(self) -> ReplayStatus:
+        return ReplayStatus(
+            position=self.position, length=max(self.length, self.position), speed=self.speed,
+            paused=self.paused, following=bool(self.follow),
+            at_end=self._target is None and self.position >= self.length)
 
     async def close(self) -> None:
         self._stopped = True
@@ -182,8 +227,16 @@ class ReplaySource:
                 async for snap in self._play(reader, seek):
                     yield snap
             if self._seek_to is None:
-                return  # the end of the recording (or stopped)
+                self._target = None  # nothing is under way any more (stopped, or the end)
+                if not await self._hold_at_end():
+                    return  # the end of the recording (or stopped)
             seek, self._seek_to = self._seek_to, None
+
+    async def _hold_at_end(self) -> bool:
+        """With hold: wait at the end for a seek (True) or a stop (False)."""
+        while self.hold and not self._stopped and self._seek_to is None:
+            await self._wait(None)
+        return self.hold and not self._stopped
 
     async def _play(self, reader: RunReader, seek: float | None) -> AsyncIterator[Snapshot]:
         """From `seek` (after a preroll) to the end, or until stopped or sought elsewhere."""
@@ -191,14 +244,22 @@ class ReplaySource:
         announce = None if seek is None else f"replay: seek to {seek:.0f} s"
         while True:
             batch, last = await self._next_batch(reader)
+            if batch:
+                self.length = max(self.length, batch[-1].elapsed)
             for snap in batch:
                 if seek is not None and snap.elapsed < seek:
                     if snap.elapsed >= seek - PREROLL_S:  # preroll: at once, no pacing
                         self.position = snap.elapsed
                         yield snap
                     continue
-                seek = None
-                if not await self._pace(snap, clock):
+                if seek is not None:
+                    # where the seek went is shown at once, even paused; the clock starts here
+                    seek = None
+                    clock.delay(snap.t, self.speed)
+                    if self._seek_to is not None or self._stopped:
+                        return
+                    self._target = None
+                elif not await self._pace(snap, clock):
                     return
                 if announce:
                     snap.events.append(Event(t=snap.t, kind="replay", message=announce))

@@ -9,8 +9,12 @@ that passed and the lowest that failed, until the two are adjacent (or within
 A step passes when every whole-run threshold of `--slo` holds over it
 (ttft_p99<…, error_rate<…), at least 90 % of its requests met the per-request
 limits (ttft<…), and its error rate is under 5 %. With no SLO at all the
-knee rule decides instead: a step fails when it added less than half the
-throughput per added stream that the first step had.
+knee of the throughput curve decides instead: a step fails when its output
+tokens per second rose by less than KNEE_GAIN of its relative rise in streams
+over the highest step that passed (doubling 16 → 32 streams must add at least
+15 % tok/s). Comparing with the first step instead (tokens per stream at one
+stream) called a server whose throughput still climbed "saturated" at 8.
+Every verdict is said in words (`describe`): what was judged, and why a step failed.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from loadgen.model.snapshot import Counters
 
 GOOD_FRACTION = 0.9
 MAX_ERROR_RATE = 0.05
+KNEE_GAIN = 0.15
 
 
 class AutoRamp:
@@ -40,6 +45,12 @@ class AutoRamp:
         self._step_start: float | None = None
         self._dense: dict[str, np.ndarray] = {}
         self._c0: Counters | None = None
+        self.why: dict[int, str] = {}  # load -> why that step failed, in words
+
+    @property
+    def by_knee(self) -> bool:
+        """No SLO given: the knee of the throughput curve decides."""
+        return not self.slos.thresholds and self.slos.per_request is None
 
     def observe(
         self, elapsed: float, dense: dict[str, np.ndarray], counters: Counters
@@ -69,13 +80,23 @@ class AutoRamp:
         seconds = self.hold_s
         streamed = sum(int(self._dense[m].sum()) for m in ("ttft", "itl") if m in self._dense)
         tput = streamed / seconds
-        ok = done > 0 and failed / (done + failed) <= MAX_ERROR_RATE
-        if ok and self.slos.per_request is not None:
-            ok = good >= GOOD_FRACTION * done
+        why = []
+        if done == 0:
+            why.append("no request completed")
+        elif failed / (done + failed) > MAX_ERROR_RATE:
+            why.append(f"{failed / (done + failed):.0%} errors")
+        if done and self.slos.per_request is not None and good < GOOD_FRACTION * done:
+            why.append(f"{good / done:.0%} of requests within the per-request SLO")
         for t in self.slos.thresholds:
-            ok = ok and t.passes(self._measure(t, done, failed, seconds, tput))
-        if ok and not self.slos.thresholds and self.slos.per_request is None:
-            ok = self._scales(tput)
+            if not t.passes(self._measure(t, done, failed, seconds, tput)):
+                why.append(f"{t.text} broken")
+        if not why and self.by_knee:
+            knee = self._knee(tput)
+            if knee:
+                why.append(knee)
+        ok = not why
+        if why:
+            self.why[self.load] = "; ".join(why)
         self.history.append((self.load, ok, tput))
         return ok
 
@@ -92,16 +113,20 @@ class AutoRamp:
         dense = self._dense.get(t.metric)
         return None if dense is None else hdr.summarize(dense)[t.stat or "p99"]
 
-    def _scales(self, tput: float) -> bool:
-        """The knee rule, for when no SLO is given."""
-        if not self.history:
-            return True
-        first_load, _, first_tput = self.history[0]
-        prev_load, _, prev_tput = max((h for h in self.history if h[1]), default=self.history[0])
-        if self.load <= prev_load:
-            return True
-        initial = first_tput / first_load
-        return (tput - prev_tput) / (self.load - prev_load) >= 0.5 * initial
+    def _knee(self, tput: float) -> str | None:
+        """The knee rule, for when no SLO is given: why this step is past the knee, or None."""
+        below = [h for h in self.history if h[1] and h[0] < self.load]
+        if not below:
+            return None
+        prev_load, _, prev_tput = max(below)
+        if prev_tput <= 0:
+            return None
+        load_gain = self.load / prev_load - 1.0
+        tput_gain = tput / prev_tput - 1.0
+        if tput_gain >= KNEE_GAIN * load_gain:
+            return None
+        return (f"{tput_gain:+.0%} tok/s ({prev_tput:,.0f} → {tput:,.0f}) for "
+                f"{load_gain:+.0%} streams over {prev_load}")
 
     def _next(self, ok: bool) -> int | None:
         if ok:
@@ -134,15 +159,20 @@ class AutoRamp:
         return self.load
 
     def describe(self, elapsed: float) -> str:
+        judged = "throughput knee, no --slo" if self.by_knee else "the SLOs"
+        failed = f"; {self.failed} failed: {self.why.get(self.failed, '?')}" \
+            if self.failed else ""
         if self.settled:
             if self.passed is None:
-                return "auto-ramp: no step met the SLOs; holding 1 stream"
-            return f"auto-ramp settled at {self.load} streams (the highest step within the SLOs)"
+                return f"auto-ramp: no step passed ({judged}); holding 1 stream{failed}"
+            best = ("the highest step before throughput stopped rising" if self.by_knee
+                    else "the highest step within the SLOs")
+            return f"auto-ramp settled at {self.load} streams ({best}{failed})"
         start = self._step_start if self._step_start is not None else elapsed
         left = max(0.0, self.warmup_s + self.hold_s - (elapsed - start))
         bounds = f", passed {self.passed}" if self.passed else ""
-        bounds += f", failed {self.failed}" if self.failed else ""
-        return f"auto-ramp: trying {self.load} streams, {left:.0f} s left{bounds}"
+        return (f"auto-ramp ({judged}): trying {self.load} streams, {left:.0f} s left"
+                f"{bounds}{failed}")
 
 
 def _copy(c: Counters) -> Counters:

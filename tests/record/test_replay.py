@@ -1,4 +1,5 @@
-"""ReplaySource: pacing by speed, pause, seek, and following a run that is still written."""
+"""ReplaySource: pacing by speed, pause, seek (fast seeks add up, held within the
+recording), holding at the end, and following a run that is still written."""
 
 from __future__ import annotations
 
@@ -38,6 +39,24 @@ def recorded(tmp_path, n: int, *, finish: bool = True) -> Recorder:
     return rec
 
 
+async def until(cond, what: str, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never: {what}")
+        await asyncio.sleep(0.01)
+
+
+async def playing(src: ReplaySource, got: list[Snapshot]) -> asyncio.Task:
+    await src.start()
+
+    async def consume() -> None:
+        async for s in src.snapshots():
+            got.append(s)
+
+    return asyncio.create_task(consume())
+
+
 async def test_speed_paces_by_snapshot_time(tmp_path):
     recorded(tmp_path, 6)
     src = ReplaySource(tmp_path / "run", speed=20.0)  # 1 s ticks → 50 ms apart
@@ -61,11 +80,13 @@ async def test_pause_speed_and_seek_controls(tmp_path):
             got.append(s)
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.2)
+    await until(lambda: got, "the first Snapshot")
+    await asyncio.sleep(0.2)  # nothing more may come: a fixed wait is the only way to see it
     assert [s.seq for s in got] == [0]  # ×1: the next one is a second away
+    t0 = time.monotonic()
     await src.control(Control(op="replay_speed", value=100.0))
-    await asyncio.sleep(0.3)
-    assert 10 <= len(got) <= 60
+    await until(lambda: len(got) >= 11, "ten more Snapshots at ×100")
+    assert time.monotonic() - t0 < 1.5  # ten seconds of recording, at ×1 ten seconds
     await src.control(Control(op="pause"))
     await asyncio.sleep(0.05)
     n = len(got)
@@ -73,14 +94,13 @@ async def test_pause_speed_and_seek_controls(tmp_path):
     assert len(got) == n  # paused
     await src.control(Control(op="seek", value=300.0))
     await src.control(Control(op="resume"))
-    await asyncio.sleep(0.3)
+    await until(lambda: any(e.kind == "replay" and "seek to 300" in e.message
+                            for s in got[n:] for e in s.events), "the seek to 300 s")
     after = got[n:]
-    assert after and after[0].elapsed >= 300.0 - 60.0  # preroll: the minute before
-    assert any(e.kind == "replay" and "seek to 300" in e.message
-               for s in after for e in s.events)
+    assert after[0].elapsed >= 300.0 - 60.0  # preroll: the minute before
     await src.control(Control(op="seek_by", value=-250.0))  # backwards: seq goes down
-    await asyncio.sleep(0.3)
-    assert min(s.seq for s in got[n + len(after):]) < 100
+    await until(lambda: min((s.seq for s in got[n + len(after):]), default=400) < 100,
+                "Snapshots from before 100 s again")
     await src.control(Control(op="stop"))
     await asyncio.wait_for(task, 2)
 
@@ -97,12 +117,10 @@ async def test_follow_a_run_that_is_still_written(tmp_path):
             got.append(s.seq)
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.4)
-    assert got == [0, 1, 2]
+    await until(lambda: got == [0, 1, 2], "what is written so far")
     for i in range(3, 6):
         rec.write(snap(i))
-    await asyncio.sleep(0.6)
-    assert got == list(range(6))
+    await until(lambda: got == list(range(6)), "what is written next")
     rec.close()
     await asyncio.wait_for(task, 3)  # the manifest says finished: the replay ends
 
@@ -110,3 +128,41 @@ async def test_follow_a_run_that_is_still_written(tmp_path):
 async def test_not_a_run_directory(tmp_path):
     with pytest.raises(SourceError, match="not a tokentop run directory"):
         await ReplaySource(tmp_path).start()
+
+
+async def test_seeks_add_up_while_one_is_under_way(tmp_path):
+    recorded(tmp_path, 400)
+    src = ReplaySource(tmp_path / "run", speed=1.0)
+    got: list[Snapshot] = []
+    task = await playing(src, got)
+    await until(lambda: got, "the first Snapshot")
+    await src.control(Control(op="pause"))
+    for _ in range(3):  # three presses before the replay has moved at all
+        await src.control(Control(op="seek_by", value=30.0))
+    # paused, the seek still shows where it went: the first Snapshot at 1 + 90 s
+    await until(lambda: src.position == 91.0, "three seeks of 30 s from 1 s")
+    assert got[-1].elapsed == 91.0 and not src.status().at_end
+    await src.control(Control(op="seek_by", value=-30.0))
+    await src.control(Control(op="seek_by", value=-1000.0))  # held at the start
+    await until(lambda: src.position == 1.0, "back to the start")
+    await src.control(Control(op="stop"))
+    await asyncio.wait_for(task, 2)
+
+
+async def test_held_at_the_end_a_seek_goes_back(tmp_path):
+    recorded(tmp_path, 20)
+    src = ReplaySource(tmp_path / "run", speed=0, hold=True)
+    got: list[Snapshot] = []
+    task = await playing(src, got)
+    await until(lambda: src.status().at_end, "the end of the recording")
+    assert src.status().length == 20.0 and len(got) == 20
+    assert any("end of the recording" in e.message for e in got[-1].events)
+    assert not task.done()  # held: still there for a seek
+    await src.control(Control(op="pause"))
+    await src.control(Control(op="seek_by", value=-5.0))
+    await until(lambda: src.position == 15.0, "5 s back from the end")
+    await src.control(Control(op="seek_by", value=100.0))  # held at the end
+    await until(lambda: src.status().at_end, "the end again")
+    assert src.position == 20.0
+    await src.control(Control(op="stop"))
+    await asyncio.wait_for(task, 2)

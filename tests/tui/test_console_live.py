@@ -66,7 +66,8 @@ async def until_plain(cond: Callable[[], bool], seconds: float = 10.0) -> None:
 
 
 async def test_unreachable_target_is_shown_in_the_console():
-    cfg = RunConfig(url="http://127.0.0.1:9/v1", workers=1)
+    # --wait 0: no waiting for it (the console waits by default: tests/run/test_wait_for_target)
+    cfg = RunConfig(url="http://127.0.0.1:9/v1", workers=1, wait=0.0)
     app = TokentopApp(RunProcess(cfg), refresh=0.1)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.error is not None)
@@ -115,7 +116,8 @@ async def test_a_auto_ramps_to_the_slo_boundary_and_a_key_takes_over():
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: last() is not None)
             await pilot.press("a")
-            await until(pilot, lambda: (last().load.note or "").startswith("auto-ramp: trying"))
+            await until(pilot, lambda: (last().load.note or "").startswith(
+                "auto-ramp (the SLOs): trying"))
             await until(pilot, lambda: (last().load.note or "").startswith(
                 "auto-ramp settled at 4 streams"), seconds=45)
             await until(pilot, lambda: "auto-ramp settled at 4" in app.query_one("#load").plain)
@@ -123,6 +125,40 @@ async def test_a_auto_ramps_to_the_slo_boundary_and_a_key_takes_over():
             await pilot.press("plus")  # a manual key takes control back
             await until(pilot, lambda: last().load.target_concurrency == 5)
             await until(pilot, lambda: last().load.note is None)
+            source = app.source
+            await pilot.press("q", "q")
+            await until(pilot, lambda: source.proc is not None
+                        and source.proc.returncode is not None)
+    finally:
+        await sim.close()
+
+
+async def test_a_without_slo_climbs_while_throughput_rises_and_says_why_it_settled():
+    """No --slo: the knee of the throughput curve decides, and the note says so. 16 slots:
+    throughput still rises from 8 to 16 streams (fewer tokens per stream, more in all), so
+    the ramp must pass 8 (the old rule, "half the first stream's tokens per stream",
+    settled there) and stop short of 32, where more streams only queue."""
+    from loadgen.sim import SimConfig, start_sim
+
+    sim = await start_sim(SimConfig(slots=16), host="127.0.0.1", port=0)
+    cfg = RunConfig(url=sim.url, concurrency=1, output_tokens="32", workers=1, tick=0.25,
+                    drain_grace=1.0, auto_ramp_hold=1.5, auto_ramp_warmup=1.0)
+    app = TokentopApp(RunProcess(cfg), refresh=0.1)
+    last = lambda: app.windows.last  # noqa: E731
+    note = lambda: last().load.note or ""  # noqa: E731
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: last() is not None)
+            await pilot.press("a")
+            await until(pilot, lambda: note().startswith(
+                "auto-ramp (throughput knee, no --slo): trying"))
+            await until(pilot, lambda: note().startswith("auto-ramp settled at"), seconds=60)
+            settled = last().load.target_concurrency
+            # past 8 (the old rule's stop); at most a step past twice the slots (only queueing
+            # there, though a 1.5 s hold on a shared machine can show a few % more)
+            assert 12 <= settled <= 40, note()
+            assert "before throughput stopped rising" in note()
+            assert "failed:" in note() and "tok/s" in note(), "the failed step gives no reason"
             source = app.source
             await pilot.press("q", "q")
             await until(pilot, lambda: source.proc is not None

@@ -121,3 +121,33 @@ def test_outage_and_recovery_on_screen_then_terminal_loss_stops_everything(tmp_p
             sim.wait(5)
         if sim.poll() is None:
             sim.kill()
+
+
+def test_quitting_leaves_the_summary_and_the_run_directory_in_the_terminal(tmp_path: Path):
+    """After `q q` the alternate screen is gone: the run's one-line verdict and its run
+    directory stay in the terminal, in full, even at 80x24."""
+    tmux = Tmux("farewell")
+    env = (f"env XDG_CONFIG_HOME={tmp_path} XDG_DATA_HOME={tmp_path} TERM=xterm-256color "
+           f"TOKENTOP_TEST=1")
+    # `; sleep`: the pane outlives the console, so what it printed can be read
+    cmd = (f"cd {ROOT} && {env} {sys.executable} -m tui.cli -c 2 --output-tokens 16 "
+           f"--workers 1 --tick 0.5 --drain-grace 1; sleep 60")
+    try:
+        tmux.start(cmd, width=80, height=24)
+        wait_for(lambda: "in flight 2" in tmux.screen(), 40, "the console shows the load",
+                 tmux.screen)
+        time.sleep(1.0)  # a few requests complete, so there is something to summarise
+        tmux.keys("q")
+        wait_for(lambda: "press q again" in tmux.screen(), 5, "the first q asks", tmux.screen)
+        tmux.keys("q")
+        wait_for(lambda: "run directory" in tmux.screen(), 30, "the run directory is printed",
+                 tmux.screen)
+        # the pane wraps long lines: join them back before reading the path
+        lines = tmux.run("capture-pane", "-p", "-J", "-t", tmux.session).splitlines()
+        verdict = next(ln for ln in lines if ln.startswith("tokentop: done:"))
+        assert "requests ok" in verdict
+        where = next(ln for ln in lines if ln.startswith("tokentop: run directory "))
+        run_dir = Path(where.removeprefix("tokentop: run directory ").strip())
+        assert run_dir.is_relative_to(tmp_path) and (run_dir / "manifest.json").exists()
+    finally:
+        tmux.kill()

@@ -73,6 +73,35 @@ async def test_equals_sets_an_exact_concurrency_and_refuses_words() -> None:
         assert not isinstance(app.screen, InputModal)
 
 
+async def test_equals_keeps_typed_text_when_focus_comes_back_under_load() -> None:
+    # a live run: Snapshots (and events) keep coming while the operator types
+    snaps = make_snapshots(200)
+    for i, s in enumerate(snaps):
+        s.events = [Event(t=s.t, kind="operator", message=f"tick {i}")]
+    src = ScriptedSource(snaps, delay=0.01, hold=True)
+    app = TokentopApp(src, refresh=0.05)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.drawn_seq is not None)
+        await pilot.press("=")
+        await wait_until(pilot, lambda: isinstance(app.screen, InputModal))
+        field = app.screen.query_one(Input)
+        assert field.value == "" and field.placeholder == "64", "the current value is a hint"
+        await pilot.press("3")
+        field.blur()  # focus leaves and comes back (a click, a toast, the terminal's focus)
+        await pilot.pause(0.05)
+        field.focus()
+        await pilot.pause(0.05)
+        await pilot.press("2")
+        await wait_until(pilot, lambda: app.drawn_seq is not None and app.drawn_seq > 20)
+        assert field.value == "32"
+        # the dashboard behind the dialog kept drawing
+        events = app.screen_stack[0].query_one("#events")
+        assert f"tick {app.drawn_seq}" in events.plain
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: len(src.controls) == 1)
+        assert (src.controls[0].op, src.controls[0].value) == ("set_concurrency", 32.0)
+
+
 async def test_equals_in_open_loop_sets_the_rate_and_escape_cancels() -> None:
     src = ScriptedSource(open_loop(), hold=True)
     app = TokentopApp(src, refresh=0.05)
@@ -97,15 +126,21 @@ async def test_m_switches_the_loop_mode() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await wait_drawn(pilot, app, 1)
         await pilot.press("m")
-        await wait_until(pilot, lambda: len(src.controls) == 1)
-        assert (src.controls[0].op, src.controls[0].note) == ("set_mode", "open")
+        await wait_until(pilot, lambda: len(src.controls) == 2)
+        # the load level is kept: open loop at the req/s the closed loop measured
+        rate = app.windows.stats("10s").req_s
+        assert rate and [(c.op, c.value, c.note) for c in src.controls] == [
+            ("set_rate", round(rate, 1), None), ("set_mode", None, "open")]
     src = ScriptedSource(open_loop(), hold=True)
     app = TokentopApp(src, refresh=0.05)
     async with app.run_test(size=SIZE) as pilot:
         await wait_drawn(pilot, app, 2)
         await pilot.press("m")
-        await wait_until(pilot, lambda: len(src.controls) == 1)
-        assert (src.controls[0].op, src.controls[0].note) == ("set_mode", "closed")
+        await wait_until(pilot, lambda: len(src.controls) == 2)
+        # and back: closed loop at about the concurrency the open loop had in flight
+        in_flight = float(app.windows.last.load.in_flight)
+        assert [(c.op, c.value, c.note) for c in src.controls] == [
+            ("set_concurrency", in_flight, None), ("set_mode", None, "closed")]
 
 
 async def test_p_pauses_a_running_load_and_resumes_a_paused_one() -> None:
@@ -206,6 +241,18 @@ async def test_s_saves_a_screenshot_and_the_snapshot(tmp_path: Path) -> None:
     assert "<svg" in svg.read_text()[:200]
     assert js.suffix == ".json" and js.stem == svg.stem
     assert msgspec.json.decode(js.read_bytes())["seq"] == 2
+
+
+async def test_s_saves_into_the_run_directory_not_the_current_one(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    app = TokentopApp(held(3), refresh=0.05, run_dir=lambda run_id: runs / run_id)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_drawn(pilot, app, 2)
+        await pilot.press("s")
+        await wait_until(pilot, lambda: len(app.saved) == 2)
+    run_dir = runs / app.windows.last.run_id
+    assert [p.parent for p in app.saved] == [run_dir, run_dir]
+    assert all(p.exists() for p in app.saved)
 
 
 async def test_q_quits_at_once_when_no_load_runs() -> None:

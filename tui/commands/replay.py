@@ -10,7 +10,8 @@ from tui.commands.args import Parser, fail
 def main(argv: list[str]) -> int:
     p = Parser(prog="tokentop replay",
                description="The console, fed from a run directory (also while it is written). "
-               "Keys: 1/2/3 speed ×1/×10/×100, ←/→ 30 s back/forward, p pause.")
+               "Keys: 1/2/3 speed ×1/×10/×100, ←/→ 30 s back/forward, p pause the replay. "
+               "At the end it waits there (← seeks back).")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--speed", type=float, default=1.0)
     p.add_argument("--no-follow", action="store_true",
@@ -56,7 +57,8 @@ def replay_source(run_dir: Path, *, speed: float = 1.0, follow: bool | None = No
     from loadgen.record.replay import ReplaySource
     from loadgen.run.watch import WatchedSource
 
-    source = ReplaySource(run_dir, speed=speed, follow=follow)
+    # held at the end: the console stays on the recording, and ← still seeks back from there
+    source = ReplaySource(run_dir, speed=speed, follow=follow, hold=True)
     if slo is None:
         return source, _recorded_slo(run_dir)
     try:

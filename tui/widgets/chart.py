@@ -14,7 +14,6 @@ from tui.format import MUTED, block_rows, fmt_si, nice_max, sparkline, tidy
 from tui.history import History
 
 AXIS_W = 5  # "1.2k" + the axis tick
-TALL_ROWS_AT = 52
 
 
 class Chart(Static):
@@ -49,17 +48,34 @@ class Chart(Static):
         self.limit = limit
         self._markup: str | None = None
         self._history: History | None = None
+        self._width = 0
 
     def show(self, history: History | None, width: int) -> None:
         self._history = history
+        self._width = width
         if history is None or width <= AXIS_W + 4:
             return
-        # tall terminals (200x60) get twice the rows
-        tall = self.is_attached and self.app.size.height >= TALL_ROWS_AT
-        markup = self.render_chart(history, width, self.rows * 2 if tall else self.rows)
+        markup = self.render_chart(history, width, self._rows())
         if markup != self._markup:
             self._markup = markup
-            self.update(tidy(markup))
+            # a chart sized by the layout (1fr) draws into the rows it has: no layout pass
+            self.update(tidy(markup), layout=not self._fills())
+
+    def _fills(self) -> bool:
+        """The layout sizes the chart (tall screens: 1fr), not its text."""
+        height = self.styles.height
+        return height is not None and height.is_fraction
+
+    def _rows(self) -> int:
+        """As many rows as the layout gives the chart (its caption takes one); before the
+        first layout, or where it sizes to its content, `rows`."""
+        given = self.size.height - 1 if self._fills() else 0
+        return max(self.rows, given) if given > 0 else self.rows
+
+    def on_resize(self) -> None:
+        # a taller or shorter terminal: the same data at the new number of rows
+        if self._history is not None:
+            self.show(self._history, self._width)
 
     def render_chart(self, history: History, width: int, rows: int) -> str:
         n = width - AXIS_W
@@ -67,7 +83,10 @@ class Chart(Static):
         known = [v for v in values if v is not None]
         limit = self.limit() if self.limit else None
         top = nice_max(max([*known, limit or 0.0, 0.0]))
-        span = f"last {_span(n * history.bucket_s)}"
+        # the time the drawn columns cover (from the oldest with data), not the chart's width:
+        # 38 s of data in a 2-minute-wide chart is "last 38 s"
+        first = next((i for i, v in enumerate(values) if v is not None), n)
+        span = f"last {_span((n - first) * history.bucket_s)}" if first < n else "no data yet"
         last = self.fmt(known[-1]) if known else "–"
         lines = [f"[{MUTED}]{self.caption} [/][b]{last}[/][{MUTED}] · {span}[/]"]
         colour = self.colour

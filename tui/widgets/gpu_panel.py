@@ -118,14 +118,33 @@ def gpu_lines(status: GpuStatus, width: int, two_lines: bool = False) -> tuple[b
     return all_sim, [gpu_line(g, width, not all_sim, two_lines) for g in status.gpus]
 
 
+# tokens per joule moves in the title only when it moved by this much: a changed title
+# repaints the whole panel, and the per-tick figure jitters by a few % (2.46, 2.39, 2.51 …)
+TPJ_STEP = 0.05
+
+
 class GpuPanel(Panel):
     TITLE = "GPU"
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._tpj: float | None = None
+
+    def _steady_tpj(self, tpj: float | None) -> float | None:
+        shown = self._tpj
+        if tpj is None or shown is None or abs(tpj - shown) >= TPJ_STEP * shown:
+            self._tpj = tpj
+        return self._tpj
 
     def render_view(self, view: View, width: int) -> tuple[str, str]:
         two = self._tall() and len(view.snap.gpu.gpus) <= 4
         all_sim, lines = gpu_lines(view.snap.gpu, width, two)
+        if view.target_note and view.snap.target.simulated:
+            # the simulated GPU's panel is where one looks for what the "hardware" is
+            lines.append(f"[{MUTED}]{literal(view.target_note)}[/]")
         title = f"{self.TITLE} · simulated" if all_sim else self.TITLE
         eff = view.snap.efficiency
-        if eff is not None and eff.tokens_per_joule is not None:
-            title += f" · {eff.tokens_per_joule:.2f} tok/J"
+        tpj = self._steady_tpj(eff.tokens_per_joule if eff is not None else None)
+        if tpj is not None:
+            title += f" · {tpj:.2f} tok/J"
         return title, "\n".join(lines)

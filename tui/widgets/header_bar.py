@@ -1,4 +1,8 @@
-"""The top line: run state, elapsed, load mode, engine, what we are pointed at, any source error."""
+"""The top line: run state, elapsed, load mode, engine, what we are pointed at, any source error.
+
+In a replay it first says so, at what speed, whether the replay itself is paused, and
+where it is in the recording (position / length); the run's own state is then labelled
+"recorded: …" so that a paused recording is not taken for a paused replay."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from textual.widgets import Static
 
 from loadgen.model.kinds import SourceKind
 from loadgen.model.snapshot import Snapshot
+from loadgen.record.replay import ReplayStatus, replay_of
 from tui.format import MUTED, fmt_elapsed, literal, tidy
 
 STATE_COLOURS = {
@@ -19,10 +24,32 @@ STATE_COLOURS = {
 }
 
 
-def state_badge(state: str) -> str:
+def state_badge(state: str, label: str = "") -> str:
     colour = STATE_COLOURS.get(state, "$foreground")
     style = f"b reverse {colour}" if state == "outage" else f"b {colour}"
-    return f"[{style}]● {literal(state)}[/]"
+    return f"[{style}]● {literal(label + state)}[/]"
+
+
+def fmt_clock(seconds: float, hours: bool) -> str:
+    """m:ss, or h:mm:ss (both sides of position / length alike, so they line up)."""
+    total = max(0, int(seconds))
+    if hours:
+        return fmt_elapsed(total)
+    return f"{total // 60}:{total % 60:02d}"
+
+
+def replay_markup(replay: ReplayStatus, elapsed: float) -> str:
+    """`replay ×10  replay paused  1:44 / 5:52  end`: the replay's own state, apart from
+    the recorded run's. `elapsed` is the Snapshot on screen (the position drawn)."""
+    speed = "max" if replay.speed <= 0 else f"{replay.speed:g}"
+    out = f"[b $accent]replay ×{speed}[/]"
+    if replay.paused:
+        out += "  [b reverse $warning] replay paused [/]"
+    hours = replay.length >= 3600
+    out += f"  {fmt_clock(elapsed, hours)} [{MUTED}]/[/] {fmt_clock(replay.length, hours)}"
+    if replay.at_end and not replay.following:
+        out += f"  [{MUTED}]end[/]"
+    return out
 
 
 def trouble(snap: Snapshot) -> str:
@@ -51,6 +78,7 @@ def header_markup(
     error: str | None,
     outage: bool = False,
     source_kind: SourceKind = "live",
+    replay: ReplayStatus | None = None,
 ) -> str:
     """State first: on a narrow terminal the URL is what gets cut, not the run state."""
     state = "error" if error and snap is None else "stopped" if ended else None
@@ -59,6 +87,8 @@ def header_markup(
         line = f"[b]tokentop[/]  {badge}  [{MUTED}]{literal(description)}[/]"
     else:
         run_state = state or ("outage" if outage else snap.load.state)
+        # what a replay shows is the recorded run's state; the console's own is unlabelled
+        label = "recorded: " if source_kind == "replay" and state is None else ""
         sim = "  [b $accent]simulated[/]" if snap.target.simulated else ""
         warm = "  [b $warning]warm-up[/]" if snap.load.warmup else ""
         warm += trouble(snap) if not ended else ""
@@ -66,9 +96,12 @@ def header_markup(
         eng = f"  [{MUTED}]engine[/] {literal(engine)}" if engine else ""
         # a replay or a fleet agent says so first: nobody should take it for a live run here
         tag = f"[b $accent]{source_kind}[/]  " if source_kind != "live" else ""
+        elapsed = f"  {fmt_elapsed(snap.elapsed)}"
+        if replay is not None:  # its position / length replaces the elapsed time
+            tag, elapsed = f"{replay_markup(replay, snap.elapsed)}  ", ""
         line = (
-            f"[b]tokentop[/]  {tag}{state_badge(run_state)}"
-            f"  {fmt_elapsed(snap.elapsed)}  [{MUTED}]{literal(load_mode(snap))}[/]{warm}{sim}"
+            f"[b]tokentop[/]  {tag}{state_badge(run_state, label)}"
+            f"{elapsed}  [{MUTED}]{literal(load_mode(snap))}[/]{warm}{sim}"
             f"{eng}  [b]{literal(snap.target.model)}[/] [{MUTED}]@[/] {literal(snap.target.url)}"
         )
     if error:
@@ -102,9 +135,18 @@ class HeaderBar(Static):
         error: str | None = None,
         outage: bool = False,
         source_kind: SourceKind = "live",
+        replay: ReplayStatus | None = None,
     ) -> None:
+        if replay is None and source_kind == "replay":
+            replay = self._replay_status()
         markup = header_markup(snap, description=description, ended=ended, error=error,
-                               outage=outage, source_kind=source_kind)
+                               outage=outage, source_kind=source_kind, replay=replay)
         if markup != self._markup:
             self._markup = markup
             self.update(tidy(markup))
+
+    def _replay_status(self) -> ReplayStatus | None:
+        """The app hands every source's header the same arguments; where a replay stands
+        lives in its source, so it is read from there (None: not a ReplaySource)."""
+        replay = replay_of(getattr(self.app, "source", None))
+        return replay.status() if replay is not None else None

@@ -3,11 +3,14 @@
 With --slo, a cell is red when its limit is broken and green when met: a
 whole-run threshold (`ttft_p99<1s`) colours its own cell; a per-request limit
 (`ttft<500ms`) colours the P99 cell of that metric when no threshold names it.
+Colour is never the only sign: a breached cell carries "!", and the SLO line
+under the table says PASS or FAIL and which limit is breached, in words.
 """
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
+from textual.content import Content
 
 from loadgen.model.hdr import Summary
 from loadgen.model.slo import Slos, holds
@@ -26,6 +29,8 @@ WIDE_COLS = (*COLS, ("mean", "mean"))
 LABEL_W = 4
 COL_W = 8
 WIDE_AT = LABEL_W + COL_W * len(WIDE_COLS) + 8
+# marks a cell that breaks its SLO, beside the red (see `?` help)
+BREACH = "!"
 WINDOW_NAMES = {"10s": "10 s", "1m": "1 min", "10m": "10 min", "run": "whole run"}
 
 
@@ -46,11 +51,15 @@ def slo_limit(slos: Slos | None, metric: str, stat: str) -> tuple[str, float] | 
 
 def cell(summary: Summary | None, metric: str, key: str, slos: Slos | None) -> str:
     value = summary.get(key) if summary else None
-    text = fmt_ms(value, missing=NO_SAMPLES).rjust(COL_W)
+    text = fmt_ms(value, missing=NO_SAMPLES)
     limit = slo_limit(slos, metric, key)
     if limit is not None and value is not None:
-        colour = "$success" if holds(value, limit[0], limit[1]) else "$error"
+        ok = holds(value, limit[0], limit[1])
+        colour = "$success" if ok else "$error"
+        # a breach is marked in the text too: a mono theme (or a colour-blind eye) has no red
+        text = text.rjust(COL_W) if ok else f"{BREACH}{text}".rjust(COL_W)
         return f"[b {colour}]{text}[/]" if key == "p99" else f"[{colour}]{text}[/]"
+    text = text.rjust(COL_W)
     # P99 is what an SLO usually names: make it the column the eye lands on
     return f"[b]{text}[/]" if key == "p99" and value is not None else text
 
@@ -82,19 +91,51 @@ def table(
     return lines
 
 
-def slo_line(slos: Slos | None, width: int) -> str | None:
-    if slos is None or (slos.per_request is None and not slos.thresholds):
-        return None
-    parts = []
+def slo_checks(slos: Slos, stats: WindowStats | None) -> list[tuple[str, bool | None]]:
+    """(limit as text, met?) for every latency limit, judged on the window's cells as the
+    table colours them (None: no samples yet)."""
+    checks: list[tuple[str, str, str]] = []
     per = slos.per_request
     if per is not None:
         for metric in ("ttft", "tpot", "e2e"):
             v = getattr(per, f"{metric}_us", None)
             if v is not None:
-                parts.append(f"{metric}<{fmt_ms(v).replace(' ', '')}")
-    parts += [th.text for th in slos.thresholds if th.stat is not None]
-    text = "SLO " + ", ".join(parts)
-    return f"[{MUTED}]{text[:width]}[/]"
+                checks.append((f"{metric}<{fmt_ms(v).replace(' ', '')}", metric, "p99"))
+    checks += [(th.text, th.metric, th.stat) for th in slos.thresholds if th.stat is not None]
+    out: list[tuple[str, bool | None]] = []
+    for text, metric, stat in checks:
+        summary = stats.latency.get(metric) if stats else None
+        value = summary.get(stat) if summary else None
+        limit = slo_limit(slos, metric, stat)
+        met = None if value is None or limit is None else holds(value, limit[0], limit[1])
+        out.append((text, met))
+    return out
+
+
+def slo_line(slos: Slos | None, width: int, stats: WindowStats | None = None) -> str | None:
+    """The verdict in words first (PASS / FAIL), then each limit with ok / breach."""
+    if slos is None or (slos.per_request is None and not slos.thresholds):
+        return None
+    checks = slo_checks(slos, stats)
+    if any(met is False for _, met in checks):
+        verdict = "[b $error]SLO FAIL[/]"
+    elif checks and all(met for _, met in checks):
+        verdict = "[b $success]SLO PASS[/]"
+    else:
+        verdict = f"[{MUTED}]SLO[/]"
+    words = {True: "ok", False: "breach", None: "no data"}
+    parts = [
+        f"[$error]{text} breach[/]" if met is False else f"[{MUTED}]{text} {words[met]}[/]"
+        for text, met in checks
+    ]
+    line = f"{verdict} " + f"[{MUTED}],[/] ".join(parts)
+    return line if len(Content.from_markup(line).plain) <= width else _short(verdict, checks)
+
+
+def _short(verdict: str, checks: list[tuple[str, bool | None]]) -> str:
+    """A narrow panel: the verdict and the breached limits only."""
+    breached = [text for text, met in checks if met is False]
+    return verdict + (f" [$error]{', '.join(breached)}[/]" if breached else "")
 
 
 class LatencyPanel(Panel):
@@ -115,7 +156,7 @@ class LatencyPanel(Panel):
         cols = WIDE_COLS if wide else COLS
         lines = table(view.stats.get(view.window), cols, wide, view.slos)
         title = f"{self.TITLE} · {WINDOW_NAMES.get(view.window, view.window)} (w)"
-        slo = slo_line(view.slos, width)
+        slo = slo_line(view.slos, width, view.stats.get(view.window))
         if slo:
             lines.append(slo)
         limit = slo_limit(view.slos, "ttft", "p99")

@@ -61,7 +61,9 @@ class Body(Vertical):
         old = self._lines
         for i, line in enumerate(lines):
             if i >= len(old) or old[i] != line:
-                widgets[i].update(tidy(line))
+                # a line is one row whatever its text: no layout pass (reflowing the whole
+                # screen for a changed number was most of the console's CPU)
+                widgets[i].update(tidy(line), layout=False)
         self._lines = lines
 
     @property
