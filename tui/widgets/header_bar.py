@@ -142,8 +142,12 @@ class HeaderBar(Static):
         markup = header_markup(snap, description=description, ended=ended, error=error,
                                outage=outage, source_kind=source_kind, replay=replay)
         if markup != self._markup:
+            # a layout pass only when the header's height changes (an error line comes or
+            # goes): the clock changes the text every second, not the height
+            lines = markup.count("\n")
+            self.update(tidy(markup), layout=self._markup is None
+                        or lines != self._markup.count("\n"))
             self._markup = markup
-            self.update(tidy(markup))
 
     def _replay_status(self) -> ReplayStatus | None:
         """The app hands every source's header the same arguments; where a replay stands
