@@ -24,6 +24,7 @@ class Command(NamedTuple):
 COMMANDS: dict[str, Command] = {
     "run": Command("console", "run_main"),
     "sweep": Command("sweep"),
+    "eval": Command("eval"),
     "replay": Command("replay"),
     "report": Command("report"),
     "compare": Command("compare"),

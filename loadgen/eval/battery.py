@@ -1,0 +1,675 @@
+"""The evaluation battery: `tokentop eval` runs a plan's phases (loadgen.eval.plan), each an
+ordinary run through the one Session, recorded in OUT/runs/<phase>/ (replayable, and
+`tokentop report`-able like any run), and keeps what each found in OUT/eval.json, written
+after every phase, so a killed eval resumes at the phase it was in.
+
+The phases, in order, and what each measures:
+
+  baseline    a fixed load: req/s, tok/s, TTFT / ITL / E2E P50–P99.9, errors, SLO verdicts
+  ramp        a sweep (loadgen.analysis.sweep): the knee and the max goodput
+  long_tail   a soak at a fraction of the knee: the intervals whose tail breaks out, drift
+  faults      the baseline load through a fault-injecting proxy (loadgen.eval.proxy) on the
+              plan's schedule: success rate, errors and recovery under each fault
+  leaks       the long tail's server RSS and GPU memory slopes (MB/h), judged past min_soak
+  efficiency  output tokens per joule and requests/s per watt, at the baseline and the knee
+  scaling     the load on 1, 2 … N targets at once: throughput against N × one
+
+A phase that cannot run here says why (no second target, a disabled phase); its rows in
+the matrix (loadgen.eval.matrix) say so too, never a silent blank. The embedded simulator
+(no --url) is started once, for every phase, so the proxy can stand in front of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import psutil
+
+from loadgen.analysis.report import analyze_dir, write_report
+from loadgen.analysis.sweep import SweepPlan, find_knee, run_sweep
+from loadgen.eval.plan import (
+    FAULT_SETTLE_S,
+    Phases,
+    Plan,
+    plan_from_builtins,
+    plan_to_builtins,
+    planned_seconds,
+)
+from loadgen.eval.proxy import FaultProxy, FaultSchedule, fault_spans
+from loadgen.record.rundir import iter_snapshots, write_json_atomic
+from loadgen.run.config import RunConfig
+from loadgen.run.embedded_sim import EmbeddedSim, SimStartError
+from loadgen.run.secrets import Secrets
+from loadgen.run.session import Session, SessionError
+from loadgen.run.sinks import ProgressLines
+from loadgen.run.summary import EXIT_UNUSABLE
+from probes.process import find_listener
+from probes.server_metrics import metrics_url_for
+
+EVAL_FORMAT = "tokentop-eval/1"
+ORDER = ("baseline", "ramp", "long_tail", "faults", "leaks", "efficiency", "scaling")
+# phases that put load on the server (the others compute from what those recorded)
+LOADED = ("baseline", "ramp", "long_tail", "faults", "scaling")
+
+Say = Callable[[str], None]
+
+
+class EvalError(Exception):
+    """An eval that cannot start or go on; str(e) says why, for the user."""
+
+
+@dataclass
+class Eval:
+    """One eval: the command line's run settings (target, workload), the plan, where it is
+    written, and what its phases found so far (eval.json's `phases`)."""
+
+    cfg: RunConfig
+    plan: Plan
+    quick: bool
+    out: Path
+    secrets: Secrets = field(default_factory=Secrets)
+    say: Say = print
+    chaos_restart_cmd: str | None = None
+    results: dict[str, dict] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+    url: str = ""  # the target every phase loads (the embedded simulator's when no --url)
+
+    @property
+    def phases(self) -> Phases:
+        return self.plan.profile(self.quick)
+
+    @property
+    def state_path(self) -> Path:
+        return self.out / "eval.json"
+
+    def save(self, finished: bool = False, rows: list[dict] | None = None) -> None:
+        write_json_atomic(self.state_path, {
+            "format": EVAL_FORMAT,
+            "started": self.started,
+            "finished": finished,
+            "quick": self.quick,
+            "target": self.cfg.url or "embedded simulator",
+            "workload": workload_of(self.cfg, self.phases),
+            "plan": plan_to_builtins(self.plan),
+            "phases": self.results,
+            **({"rows": rows} if rows is not None else {}),
+        })
+
+
+def workload_of(cfg: RunConfig, phases: Phases) -> dict:
+    """What the load sends, for compare to say where two evals' workloads differ."""
+    b = phases.baseline
+    return {"api": cfg.api, "model": cfg.model, "dataset": str(b.dataset),
+            "input_tokens": str(b.input_tokens), "output_tokens": str(b.output_tokens),
+            "tokenizer": cfg.tokenizer, "mode": b.mode,
+            "load": b.concurrency if b.mode == "closed" else b.rate}
+
+
+def load_state(out: Path) -> dict | None:
+    """An earlier eval in `out` (to resume), or None."""
+    path = out / "eval.json"
+    if not path.exists():
+        return None
+    try:
+        state = msgspec.json.decode(path.read_bytes())
+    except (OSError, msgspec.DecodeError) as e:
+        raise EvalError(f"{path}: cannot be read to resume ({e})") from None
+    if not isinstance(state, dict) or state.get("format") != EVAL_FORMAT:
+        raise EvalError(f"{path} is not a tokentop eval")
+    return state
+
+
+def resumed(state: dict, cfg: RunConfig, out: Path, say: Say, **kw: Any) -> Eval:
+    """The Eval an earlier eval.json describes, its finished phases kept."""
+    plan = plan_from_builtins(state["plan"], str(out / "eval.json"))
+    ev = Eval(cfg=cfg, plan=plan, quick=bool(state.get("quick")), out=out, say=say, **kw)
+    ev.started = float(state.get("started") or time.time())
+    ev.results = {k: v for k, v in (state.get("phases") or {}).items()
+                  if v.get("status") in ("done", "skipped")}
+    return ev
+
+
+# ---- running ---------------------------------------------------------------------------------
+
+
+async def run_eval(ev: Eval) -> None:
+    """Every phase not yet done, in order; eval.json after each. Raises EvalError."""
+    ev.out.mkdir(parents=True, exist_ok=True)
+    sim = await _target(ev)
+    try:
+        for i, name in enumerate(ORDER, 1):
+            if name in ev.results:
+                ev.say(f"eval: phase {i}/{len(ORDER)} {name}: done before, kept")
+                continue
+            ev.say(f"eval: phase {i}/{len(ORDER)} {name}{_time_left(ev, name)}")
+            t0 = time.monotonic()
+            result = await _phase(ev, name)
+            result["seconds"] = round(time.monotonic() - t0, 1)
+            ev.results[name] = result
+            ev.save()
+            ev.say(f"eval: {name} {result['status']}"
+                   + (f": {result['why']}" if result.get("why") else ""))
+    finally:
+        if sim is not None:
+            await sim.stop()
+    ev.save(finished=True)
+
+
+async def _phase(ev: Eval, name: str) -> dict:
+    """One phase's result; one that fails unexpectedly is a failed phase, its reason in
+    words (the traceback in OUT/eval.log), and the eval goes on with the next."""
+    try:
+        return await PHASES[name](ev)
+    except (EvalError, asyncio.CancelledError):
+        raise
+    except Exception as e:
+        with (ev.out / "eval.log").open("a") as log:
+            log.write(f"--- {name} at {time.ctime()}\n{traceback.format_exc()}\n")
+        return failed(f"{type(e).__name__}: {e} (details in {ev.out / 'eval.log'})")
+
+
+async def _target(ev: Eval) -> EmbeddedSim | None:
+    """The URL every phase loads: --url, else the embedded simulator, started here once."""
+    if ev.cfg.url:
+        ev.url = ev.cfg.url
+        return None
+    sim = EmbeddedSim(ev.cfg.sim)
+    try:
+        ev.url = await sim.start()
+    except SimStartError as e:
+        raise EvalError(f"the embedded simulator did not start: {e}") from None
+    return sim
+
+
+def _time_left(ev: Eval, name: str) -> str:
+    """`, about 3:20 of load left`: the plan's load time of this phase and those after."""
+    rest = msgspec.structs.replace(
+        ev.phases, **{p: _off(getattr(ev.phases, p)) for p in ORDER[:ORDER.index(name)]
+                      if p != "faults" and hasattr(getattr(ev.phases, p), "enabled")})
+    if "faults" in ORDER[:ORDER.index(name)]:
+        rest = msgspec.structs.replace(rest, faults=[])
+    targets = max(1, len(_scaling_targets(ev)))
+    left = planned_seconds(rest, targets)
+    return f", about {int(left // 60)}:{int(left % 60):02d} of load left" if left else ""
+
+
+def _off(table):
+    return msgspec.structs.replace(table, enabled=False)
+
+
+def skipped(why: str) -> dict:
+    return {"status": "skipped", "why": why, "figures": {}}
+
+
+def failed(why: str) -> dict:
+    return {"status": "failed", "why": why, "figures": {}}
+
+
+def _run_dir(ev: Eval, name: str) -> Path:
+    """A fresh run directory for the phase (a try killed before is left as it was)."""
+    base = ev.out / "runs" / name
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{name}.try{n}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _phase_cfg(ev: Eval, name: str, **load: Any) -> RunConfig:
+    """The command line's settings with the phase's load, SLOs and run directory."""
+    b = ev.phases.baseline
+    return msgspec.structs.replace(
+        ev.cfg, url=load.pop("url", ev.url), out=str(_run_dir(ev, name)), resume=None,
+        dataset=str(b.dataset), input_tokens=str(b.input_tokens),
+        output_tokens=str(b.output_tokens), slo=str(ev.plan.slo) or None,
+        ramp=None, auto_ramp=False, max_requests=None, **load)
+
+
+async def _session(ev: Eval, name: str, cfg: RunConfig) -> Path:
+    """Run `cfg` through one Session to its end; its run directory."""
+    last = [0.0]
+
+    def say(line: str) -> None:
+        # the progress line every PROGRESS_EVERY_S, not every second: a day's soak in an
+        # eval is otherwise 86 400 lines; events and warnings as they come
+        if line.startswith("[") and time.monotonic() - last[0] < PROGRESS_EVERY_S:
+            return
+        if line.startswith("["):
+            last[0] = time.monotonic()
+        ev.say(f"  {name}: {line.removeprefix('tokentop: ')}")
+
+    session = Session(cfg, ev.secrets, sinks=[ProgressLines(say)], say=say)
+    code = await session.run()
+    if code == EXIT_UNUSABLE:  # said already, in the session's words
+        raise EvalError(f"{name}: the run could not start (said above)")
+    return Path(cfg.out or "")
+
+
+PROGRESS_EVERY_S = 10.0
+
+
+def _baseline_load(ev: Eval) -> dict[str, Any]:
+    b = ev.phases.baseline
+    return {"mode": b.mode, "concurrency": b.concurrency, "rate": b.rate}
+
+
+# ---- the phases ------------------------------------------------------------------------------
+
+
+async def baseline(ev: Eval) -> dict:
+    b = ev.phases.baseline
+    if not b.enabled:
+        return skipped("disabled in the plan")
+    cfg = _phase_cfg(ev, "baseline", duration=float(b.duration), warmup=float(b.warmup),
+                     **_baseline_load(ev))
+    run_dir = await _session(ev, "baseline", cfg)
+    r, _ = analyze_dir(run_dir, warnings=[])
+    return {"status": "done", "run_dir": str(run_dir), "figures": {
+        "load": _load_text(b.mode, b.concurrency, b.rate),
+        "req_s": r["rates"]["req_s"], "output_tok_s": r["rates"]["output_tok_s"],
+        "goodput_req_s": r["rates"].get("goodput_req_s") if ev.plan.slo else None,
+        "error_rate": r["rates"]["error_rate"],
+        "latency_ms": {m: r["latency_ms"].get(m) for m in ("ttft", "itl", "e2e")},
+        "thresholds": r.get("thresholds") or [],
+        **_efficiency_of(run_dir, r),
+    }}
+
+
+async def ramp(ev: Eval) -> dict:
+    p = ev.phases.ramp
+    if not p.enabled:
+        return skipped("disabled in the plan")
+    slo = str(p.slo) or str(ev.plan.slo) or None
+    cfg = msgspec.structs.replace(_phase_cfg(ev, "ramp", mode=ev.phases.baseline.mode),
+                                  slo=slo, concurrency=0, rate=0.0, duration=None, warmup=0.0)
+    plan = SweepPlan(steps=None if p.steps == "auto" else [float(s) for s in p.steps],
+                     step_seconds=float(p.step_duration), step_warmup=float(p.step_warmup),
+                     knee_fraction=p.knee_fraction, max_error_rate=float(p.max_error_rate),
+                     out=ev.out / "ramp")
+    try:
+        steps = await run_sweep(cfg, plan, ev.secrets, echo=lambda s: ev.say(f"  ramp: {s}"),
+                                progress=lambda s: ev.say(f"  ramp: {s}"))
+    except SessionError as e:
+        raise EvalError(f"ramp: {e}") from None
+    from loadgen.analysis.sweep import best_goodput, write_outputs
+
+    knee, best = find_knee(steps, p.knee_fraction), best_goodput(steps)
+    write_outputs(ev.out / "ramp", cfg, steps, knee, best, p.knee_fraction)
+    top = max(steps, key=lambda s: s.output_tok_s, default=None)
+    return {"status": "done", "run_dir": cfg.out, "figures": {
+        "unit": "streams" if cfg.mode == "closed" else "req/s",
+        "steps": [msgspec.to_builtins(s) for s in steps],
+        "knee": msgspec.to_builtins(knee) if knee else None,
+        "best_goodput": msgspec.to_builtins(best) if best else None,
+        "max_output_tok_s": top.output_tok_s if top else None,
+        "plot": str(ev.out / "ramp" / "sweep.png"),
+    }}
+
+
+def knee_load(ev: Eval) -> tuple[float | None, str]:
+    """The knee's load from the ramp (None with the reason when there is none)."""
+    ramp_r = ev.results.get("ramp") or {}
+    knee = (ramp_r.get("figures") or {}).get("knee")
+    if knee:
+        return float(knee["load"]), ""
+    if ramp_r.get("status") != "done":
+        return None, "the ramp did not run"
+    return None, "the ramp found no knee (throughput scaled to its last step)"
+
+
+async def long_tail(ev: Eval) -> dict:
+    p = ev.phases.long_tail
+    if not p.enabled:
+        return skipped("disabled in the plan")
+    knee, why = knee_load(ev)
+    if knee is None:
+        steps = (ev.results.get("ramp") or {}).get("figures", {}).get("steps") or []
+        if not steps:
+            return skipped(f"no load to hold: {why}")
+        knee = float(steps[-1]["load"])  # scaled to the end: the last step stands in
+    mode = ev.phases.baseline.mode
+    load = max(1.0, round(knee * p.fraction)) if mode == "closed" else knee * p.fraction
+    cfg = _phase_cfg(ev, "long_tail", mode=mode, concurrency=int(load), rate=float(load),
+                     duration=float(p.duration), warmup=0.0)
+    run_dir = await _session(ev, "long_tail", cfg)
+    r = _report(run_dir, bucket_s=float(p.bucket), tail_k=p.tail_k)
+    return {"status": "done", "run_dir": str(run_dir), "figures": {
+        "load": _load_text(mode, int(load), float(load)), "seconds": r["measured_s"],
+        "long_tail": r["long_tail"], "drift": r["drift"], "availability": r["availability"],
+        "outages": r["outages"], "latency_ms": r["latency_ms"], "plots": r.get("plots") or [],
+    }}
+
+
+def _report(run_dir: Path, **kw: Any) -> dict:
+    """`tokentop report` of a phase's run directory (report.md, report.json, PNGs written
+    there), its printed summary kept out of the eval's lines."""
+    _, result = write_report(run_dir, out=io.StringIO(), **kw)
+    return result
+
+
+async def faults(ev: Eval) -> dict:
+    entries = plan_to_builtins(ev.plan)["quick" if ev.quick else "phases"]["faults"]
+    if not entries and not ev.chaos_restart_cmd:
+        return skipped("the plan has no faults")
+    host, port = _host_port(ev.url)
+    schedule = FaultSchedule.parse([{k: _plain(v) for k, v in e.items()} for e in entries])
+    kill_at = schedule.span_s + CHAOS_AFTER_S if ev.chaos_restart_cmd else None
+    seconds = schedule.span_s + FAULT_SETTLE_S + (CHAOS_WINDOW_S if kill_at else 0.0)
+    proxy = FaultProxy(host, port)
+    await proxy.start()
+    chaos = Chaos(ev.chaos_restart_cmd, port) if kill_at is not None else None
+    try:
+        # the load goes through the proxy; /metrics and the server process are the target's
+        # own (through the proxy the scrape would hang in a blackhole, and the process found
+        # by the URL's port would be this one); a finer tick dates each fault's effect
+        cfg = _phase_cfg(ev, "faults", url=proxy.url_for(ev.url), duration=seconds,
+                         warmup=0.0, metrics_url=ev.cfg.metrics_url or metrics_url_for(ev.url),
+                         server_pid=ev.cfg.server_pid or _listener_pid(port),
+                         tick=min(ev.cfg.tick, FAULT_TICK_S), **_baseline_load(ev))
+        tasks = [asyncio.create_task(proxy.run_schedule(schedule))]
+        if chaos is not None and kill_at is not None:
+            tasks.append(asyncio.create_task(chaos.run(kill_at)))
+        try:
+            run_dir = await _session(ev, "faults", cfg)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+    finally:
+        await proxy.close()  # clears what is still on: every span has its end
+    spans, counters = fault_spans(proxy.events), proxy.counters
+    r = _report(run_dir)
+    return {"status": "done", "run_dir": str(run_dir), "figures": {
+        "faults": [_under_fault(run_dir, s) for s in spans],
+        "chaos": chaos.result(run_dir) if chaos is not None else None,
+        "outages": r["outages"], "mttr_s": r["mttr_s"], "availability": r["availability"],
+        "proxy": {"resets": counters.reset, "accepted": counters.accepted},
+        "plots": r.get("plots") or [],
+    }}
+
+
+FAULT_TICK_S = 0.25  # the faults phase's tick: a fault's effect dated within a quarter second
+CHAOS_AFTER_S = 5.0  # the server is killed this long after the network faults end
+CHAOS_WINDOW_S = 20.0  # load after the kill: the restart and the first success after it
+
+
+class Chaos:
+    """--chaos-restart-cmd: the server process (the one listening on the target's port) is
+    killed (SIGKILL) and CMD is run, in a shell of its own, to start it again. MTTR is from
+    the kill to the first request that succeeds after it. The command's text is not kept:
+    it may hold credentials."""
+
+    def __init__(self, cmd: str | None, port: int) -> None:
+        self.cmd = cmd
+        self.port = port
+        self.killed_at: float | None = None
+        self.pid: int | None = None
+        self.why = ""
+        self.restart: asyncio.subprocess.Process | None = None
+
+    async def run(self, at: float) -> None:
+        await asyncio.sleep(at)
+        pid = _listener_pid(self.port)
+        if pid is None or pid in _own_family():
+            self.why = (f"nothing to kill: no process of ours may be killed, and none other "
+                        f"listens on port {self.port}")
+            return
+        self.pid = pid
+        self.killed_at = time.time()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        self.restart = await asyncio.create_subprocess_shell(
+            self.cmd or "", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+
+    def result(self, run_dir: Path) -> dict:
+        if self.killed_at is None:
+            return {"killed": False, "why": self.why or "the run ended before the kill"}
+        first = None
+        prev = None
+        for snap in iter_snapshots(run_dir):
+            # the first tick wholly after the kill with a success in it: the success came
+            # between its start and its end (a tick holding the kill counts what finished
+            # before it too)
+            if first is None and prev is not None and prev.t >= self.killed_at and (
+                    snap.counters.requests_ok > prev.counters.requests_ok):
+                first = (prev.t + snap.t) / 2
+            prev = snap
+        rc = self.restart.returncode if self.restart is not None else None
+        return {"killed": True, "pid": self.pid, "killed_at": self.killed_at,
+                "mttr_s": None if first is None else round(first - self.killed_at, 3),
+                "restart_exit": rc,
+                "why": "" if first is not None else "no success after the kill"}
+
+
+def _listener_pid(port: int) -> int | None:
+    proc = find_listener(port)
+    return proc.pid if proc is not None else None
+
+
+def _own_family() -> set[int]:
+    """This process and its ancestors: never the one to kill."""
+    me = psutil.Process()
+    return {me.pid, *(p.pid for p in me.parents())}
+
+
+def _plain(v: Any) -> Any:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    return u.hostname or "127.0.0.1", u.port or (443 if u.scheme == "https" else 80)
+
+
+def _under_fault(run_dir: Path, span) -> dict:
+    """While the fault was on: the requests that ended (success rate, errors by kind), the
+    longest silence the client saw (no token, no answer: what a blackhole is, as measured),
+    and the recovery: from the fault's end to the first success after it."""
+    end = span.end if span.end is not None else float("inf")
+    before = inside = prev = None
+    recovered = None
+    quiet = Silence()
+    for snap in iter_snapshots(run_dir):
+        if snap.t < span.start:
+            before = snap.counters
+        elif snap.t <= end:
+            inside = snap.counters
+        elif recovered is None and inside is not None and (
+                snap.counters.requests_ok > inside.requests_ok):
+            recovered = snap.t - end
+        if prev is not None and snap.t > span.start and prev.t < end + FAULT_TICK_S:
+            quiet.tick(prev, snap)
+        prev = snap
+    ok = failed_n = 0
+    errors: dict[str, int] = {}
+    if inside is not None:
+        d = inside.since(before) if before is not None else inside
+        ok, failed_n, errors = d.requests_ok, d.requests_failed, d.errors
+    total = ok + failed_n
+    return {"fault": span.fault, "params": span.params, "start": span.start, "end": span.end,
+            "requests_ok": ok, "requests_failed": failed_n, "errors": errors,
+            "success_rate": ok / total if total else None,
+            "silence_s": quiet.longest,
+            "recovery_s": None if recovered is None else round(recovered, 2)}
+
+
+class Silence:
+    """The longest run of ticks in which nothing arrived (no output token, no request
+    ended), in seconds: whole quiet ticks, plus half a tick at each side (the silence began
+    and ended somewhere inside the ticks around them), so the estimate is centred."""
+
+    def __init__(self) -> None:
+        self.longest: float | None = None
+        self._began: float | None = None
+
+    def tick(self, prev, snap) -> None:
+        a, b = prev.counters, snap.counters
+        if b.output_tokens == a.output_tokens and b.requests_ok == a.requests_ok:
+            self._began = prev.t if self._began is None else self._began
+            width = snap.t - self._began + (snap.t - prev.t)
+            self.longest = max(self.longest or 0.0, round(width, 3))
+        else:
+            self._began = None
+
+
+async def leaks(ev: Eval) -> dict:
+    p = ev.phases.leaks
+    if not p.enabled:
+        return skipped("disabled in the plan")
+    tail = ev.results.get("long_tail") or {}
+    if tail.get("status") != "done":
+        return skipped("the long tail did not run: its soak is what the slopes come from")
+    drift = tail["figures"]["drift"]
+    seconds = tail["figures"]["seconds"]
+    judged = seconds >= float(p.min_soak)
+    return {"status": "done", "figures": {
+        "soak_s": seconds, "judged": judged, "min_soak_s": float(p.min_soak),
+        "server_rss": _slope(drift.get("server_rss"), p.max_rss_mb_per_h, judged),
+        "gpu_memory": _slope(drift.get("gpu_memory"), p.max_gpu_mb_per_h, judged),
+    }}
+
+
+def _slope(s: dict | None, limit: float, judged: bool) -> dict:
+    s = s or {}
+    slope = s.get("slope_mb_h")
+    return {"slope_mb_h": slope, "limit_mb_h": limit,
+            "why": s.get("slope_withheld") or ("no samples" if not s else ""),
+            "passed": (slope <= limit) if judged and slope is not None else None}
+
+
+async def efficiency(ev: Eval) -> dict:
+    p = ev.phases.efficiency
+    if not p.enabled:
+        return skipped("disabled in the plan")
+    out: dict[str, Any] = {}
+    if "baseline" in p.at:
+        base = (ev.results.get("baseline") or {}).get("figures") or {}
+        out["baseline"] = {k: base.get(k) for k in (
+            "tokens_per_joule", "req_s_per_w", "gpu_util_pct", "gpu_memory_mb_per_in_flight",
+            "energy_why")}
+    if "knee" in p.at:
+        knee = ((ev.results.get("ramp") or {}).get("figures") or {}).get("knee")
+        out["knee"] = ({"tokens_per_joule": knee.get("tokens_per_joule"),
+                        "req_s_per_w": _per(knee.get("req_s"), knee.get("gpu_power_w"))}
+                       if knee else {"energy_why": knee_load(ev)[1]})
+    return {"status": "done", "figures": out}
+
+
+def _per(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _efficiency_of(run_dir: Path, r: dict) -> dict:
+    """Output tokens per joule (the GPUs' energy counters over the measured run), requests/s
+    per watt, mean GPU utilisation, GPU memory per request in flight; `energy_why` when the
+    GPUs give no energy figure."""
+    first = last = None
+    power, util, mem_per = [], [], []
+    for snap in iter_snapshots(run_dir):
+        if snap.load.warmup or not snap.gpu.gpus:
+            continue
+        first = first or snap
+        last = snap
+        gpus = snap.gpu.gpus
+        power.append(sum(g.power_w or 0.0 for g in gpus))
+        util += [g.utilization_pct for g in gpus if g.utilization_pct is not None]
+        mem = sum(g.memory_used_bytes or 0 for g in gpus)
+        if snap.load.in_flight and mem:
+            mem_per.append(mem / snap.load.in_flight / 1e6)
+    energy = _energy_j(first, last)
+    tokens = (last.counters.output_tokens - first.counters.output_tokens) if last else 0
+    mean_w = sum(power) / len(power) if power else None
+    return {"tokens_per_joule": tokens / energy if energy else None,
+            "req_s_per_w": _per(r["rates"]["req_s"], mean_w),
+            "gpu_util_pct": sum(util) / len(util) if util else None,
+            "gpu_memory_mb_per_in_flight": sum(mem_per) / len(mem_per) if mem_per else None,
+            "gpu_source": first.gpu.source if first else "none",
+            "energy_why": None if energy else "no GPU energy counter (no NVIDIA GPU seen)"}
+
+
+def _energy_j(a, b) -> float | None:
+    if a is None or b is None:
+        return None
+    ea, eb = [g.energy_j for g in a.gpu.gpus], [g.energy_j for g in b.gpu.gpus]
+    if not ea or len(ea) != len(eb) or None in ea or None in eb:
+        return None
+    used = sum(eb) - sum(ea)
+    return used if used > 0 else None
+
+
+def _scaling_targets(ev: Eval) -> list[str]:
+    return [str(t) for t in ev.phases.scaling.targets]
+
+
+async def scaling(ev: Eval) -> dict:
+    p = ev.phases.scaling
+    if not p.enabled:
+        return skipped("disabled in the plan")
+    targets = _scaling_targets(ev)
+    if len(targets) < 2:
+        return skipped("one target: give [phases.scaling] targets = [URL, URL, …] "
+                       "(replicas of the same server) to measure scaling")
+    load = _scaling_load(ev)
+    rows = []
+    for n in range(1, len(targets) + 1):
+        rows.append(await _on_targets(ev, targets[:n], load))
+        ev.save()
+    one = rows[0]["output_tok_s"] or 0.0
+    for row in rows:
+        n = row["targets"]
+        row["efficiency"] = row["output_tok_s"] / (n * one) if one else None
+    return {"status": "done", "figures": {"per_target_load": load, "rows": rows,
+                                          "kind": "weak (the same load on each target)"}}
+
+
+def _scaling_load(ev: Eval) -> float:
+    b = ev.phases.baseline
+    base = b.concurrency if b.mode == "closed" else b.rate
+    if ev.phases.scaling.per_target == "knee":
+        knee, _ = knee_load(ev)
+        return knee or base
+    return base
+
+
+async def _on_targets(ev: Eval, targets: list[str], load: float) -> dict:
+    """The same load on each of `targets` at once, each its own run; their sum."""
+    p, mode = ev.phases.scaling, ev.phases.baseline.mode
+    n = len(targets)
+
+    async def one(i: int, url: str) -> Path:
+        cfg = _phase_cfg(ev, f"scaling-{n}-{i}", url=url, mode=mode,
+                         concurrency=max(1, int(load)), rate=float(load),
+                         duration=float(p.duration), warmup=float(p.warmup))
+        return await _session(ev, f"scaling {i + 1}/{n}", cfg)
+
+    dirs = await asyncio.gather(*(one(i, url) for i, url in enumerate(targets)))
+    rates = [analyze_dir(d, warnings=[])[0]["rates"] for d in dirs]
+    return {"targets": n, "output_tok_s": sum(r["output_tok_s"] or 0.0 for r in rates),
+            "req_s": sum(r["req_s"] or 0.0 for r in rates), "run_dirs": [str(d) for d in dirs]}
+
+
+def _load_text(mode: str, concurrency: int, rate: float) -> str:
+    return f"{concurrency} streams" if mode == "closed" else f"{rate:g} req/s"
+
+
+PHASES: dict[str, Callable[[Eval], Any]] = {
+    "baseline": baseline, "ramp": ramp, "long_tail": long_tail, "faults": faults,
+    "leaks": leaks, "efficiency": efficiency, "scaling": scaling,
+}

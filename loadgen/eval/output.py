@@ -1,0 +1,118 @@
+"""What an eval leaves: the matrix on the terminal, eval.md, eval.json (with the rows),
+and its PNGs: the pressure ramp's curve (the sweep's own), the long tail's and the faults
+run's report plots (each phase's run directory), and faults.png, the latency and the errors
+through the faults phase with each fault shaded and named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from loadgen.eval.battery import Eval
+from loadgen.eval.matrix import markdown, rows, table, to_json
+from loadgen.model import hdr
+from loadgen.record.rundir import iter_snapshots
+
+FAULT_COLOURS = {"latency": "#f2c14e", "reset": "#e76f51", "blackhole": "#6c757d",
+                 "bandwidth": "#2a9d8f"}
+
+
+def write_outputs(ev: Eval) -> tuple[str, list[Path]]:
+    """(the matrix as text, the files written)."""
+    all_rows = rows(ev.results)
+    written: list[Path] = []
+    plots = _plots(ev, written)
+    ev.save(finished=len(ev.results) == 7, rows=to_json(all_rows))
+    written.append(ev.state_path)
+    meta = {"target": ev.cfg.url or "embedded simulator", "quick": ev.quick,
+            "finished": len(ev.results) == 7,
+            "workload": {"api": ev.cfg.api, "dataset": str(ev.phases.baseline.dataset),
+                         "input_tokens": str(ev.phases.baseline.input_tokens),
+                         "output_tokens": str(ev.phases.baseline.output_tokens),
+                         "mode": ev.phases.baseline.mode}}
+    md = ev.out / "eval.md"
+    md.write_text(markdown(ev.results, all_rows, meta, [_rel(ev.out, p) for p in plots]))
+    written.append(md)
+    return table(all_rows), written
+
+
+def _rel(base: Path, p: Path) -> str:
+    try:
+        return str(p.relative_to(base))
+    except ValueError:
+        return str(p)
+
+
+def _plots(ev: Eval, written: list[Path]) -> list[Path]:
+    out: list[Path] = []
+    ramp = (ev.results.get("ramp") or {}).get("figures") or {}
+    if ramp.get("plot") and Path(ramp["plot"]).exists():
+        out.append(Path(ramp["plot"]))
+    for phase in ("long_tail", "faults"):
+        out += [Path(p) for p in ((ev.results.get(phase) or {}).get("figures") or {})
+                .get("plots") or [] if Path(p).exists()]
+    faults = ev.results.get("faults") or {}
+    if faults.get("status") == "done":
+        path = ev.out / "faults.png"
+        if faults_plot(Path(faults["run_dir"]), faults["figures"]["faults"], path):
+            written.append(path)
+            out.insert(0, path)
+    return out
+
+
+def faults_plot(run_dir: Path, faults: list[dict], path: Path) -> bool:
+    """TTFT P50/P99 and failed requests per tick through the faults phase, each fault's span
+    shaded and named; False when the run has no Snapshot to draw."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t, p50, p99, failed = [], [], [], []
+    prev = None
+    for snap in iter_snapshots(run_dir):
+        t.append(snap.t)
+        stats = _ttft(snap)
+        p50.append(stats[0])
+        p99.append(stats[1])
+        failed.append(snap.counters.requests_failed - (prev or 0))
+        prev = snap.counters.requests_failed
+    if not t:
+        return False
+    t0 = t[0]
+    x = np.array(t) - t0
+    fig, (lat, err) = plt.subplots(2, 1, figsize=(11, 6), sharex=True,
+                                   gridspec_kw={"height_ratios": [3, 1]})
+    lat.plot(x, p50, label="TTFT P50", marker=".", lw=1)
+    lat.plot(x, p99, label="TTFT P99", marker=".", lw=1)
+    lat.set_ylabel("ms")
+    lat.set_title("Latency through the faults phase (faults shaded)")
+    err.bar(x, failed, width=0.4, color="#d62828", label="failed requests")
+    err.set_ylabel("requests / tick")
+    err.set_xlabel("time since the phase started (s)")
+    seen = set()
+    for f in faults:
+        start, end = f["start"] - t0, (f["end"] or t[-1]) - t0
+        label = f["fault"] if f["fault"] not in seen else None
+        seen.add(f["fault"])
+        for ax in (lat, err):
+            ax.axvspan(start, end, color=FAULT_COLOURS.get(f["fault"], "#999"), alpha=0.25,
+                       label=label if ax is lat else None)
+    for ax in (lat, err):
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+        ax.ticklabel_format(axis="y", style="plain", useOffset=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def _ttft(snap) -> tuple[float | None, float | None]:
+    enc = snap.hist.get("ttft")
+    if not enc:
+        return None, None
+    s = hdr.summarize(hdr.decode(enc))
+    return (None if s["p50"] is None else s["p50"] / 1000,
+            None if s["p99"] is None else s["p99"] / 1000)

@@ -1,0 +1,250 @@
+"""`tokentop eval` through the command line against real simulator processes, with a tiny
+plan (seconds, not hours): every row of the matrix filled or explained, each proxy fault
+judged against the proxy's own record, the scaling row with two simulator replicas (the
+second replica's own token counter the truth), a killed eval resumed at its phase, two
+evals compared, and a chaos kill and restart whose MTTR matches the real downtime."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support import ROOT, WAIT_S, start_sim_process, tokentop
+
+from loadgen.record.rundir import last_snapshot
+from probes.process import find_listener
+
+PLAN = """
+version = 1
+slo = "ttft<2s,ttft_p99<4s,error_rate<50%"
+[phases.baseline]
+concurrency = 4
+duration = "3s"
+warmup = "1s"
+input_tokens = {input_tokens}
+output_tokens = 16
+[phases.ramp]
+steps = [1, 2, 4]
+step_duration = "2s"
+step_warmup = "0.5s"
+[phases.long_tail]
+fraction = 0.5
+duration = "4s"
+bucket = "2s"
+{faults}
+[phases.scaling]
+enabled = {scaling}
+targets = {targets}
+per_target = "baseline"
+duration = "3s"
+warmup = "1s"
+"""
+FAULTS = """
+[[phases.faults]]
+at = "1s"
+fault = "latency"
+ms = 100
+for = "2s"
+[[phases.faults]]
+at = "4s"
+fault = "blackhole"
+seconds = 3
+[[phases.faults]]
+at = "8s"
+fault = "reset"
+probability = 1.0
+for = "1s"
+"""
+
+
+def write_plan(path: Path, *, targets: list[str] | None = None, faults: str = FAULTS,
+               input_tokens: int = 32, only_faults: bool = False) -> Path:
+    text = PLAN.format(input_tokens=input_tokens, faults=faults or "",
+                       scaling="true" if targets else "false", targets=json.dumps(targets or []))
+    if not faults:
+        text = text.replace("[phases.scaling]", "[phases]\nfaults = []\n[phases.scaling]", 1)
+    if only_faults:
+        for phase in ("baseline", "ramp", "long_tail", "leaks", "efficiency"):
+            if f"[phases.{phase}]" in text:
+                text = text.replace(f"[phases.{phase}]\n", f"[phases.{phase}]\nenabled = false\n")
+            else:
+                text += f"\n[phases.{phase}]\nenabled = false\n"
+    path.write_text(text)
+    return path
+
+
+def eval_argv(url: str, plan: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "tui.cli", "eval", f"--url={url}", f"--plan={plan}",
+            f"--out={out}", "--workers=1", *extra]
+
+
+@pytest.fixture(scope="module")
+def sims():
+    procs = [start_sim_process() for _ in range(2)]
+    yield [f"http://127.0.0.1:{port}/v1" for _, port in procs]
+    for proc, _ in procs:
+        proc.stdin.close()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def full(sims, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    tmp = tmp_path_factory.mktemp("eval")
+    plan = write_plan(tmp / "plan.toml", targets=sims)
+    out = tmp / "out"
+    done = subprocess.run(eval_argv(sims[0], plan, out), capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, done
+
+
+def test_every_row_is_filled_or_explained(full):
+    out, done = full
+    state = json.loads((out / "eval.json").read_text())
+    assert state["finished"] is True
+    assert {r["dimension"].split(" (")[0] for r in state["rows"]} >= {
+        "latency & throughput", "pressure ramp", "long tail", "stability under faults",
+        "leaks", "efficiency", "scaling", "SLO"}
+    for row in state["rows"]:
+        assert row["value"] is not None or row["note"], row
+    assert "pressure ramp" in done.stdout and f"wrote {out / 'eval.md'}" in done.stdout
+    md = (out / "eval.md").read_text()
+    assert "| dimension | figure | value | verdict | note |" in md
+    for png in ("faults.png", "ramp/sweep.png"):
+        assert (out / png).stat().st_size > 1000, png
+        assert png in md
+
+
+def test_each_fault_against_the_proxys_record(full):
+    out, _ = full
+    phase = json.loads((out / "eval.json").read_text())["phases"]["faults"]
+    faults = phase["figures"]
+    by_kind = {f["fault"]: f for f in faults["faults"]}
+    hole = by_kind["blackhole"]
+    truth = hole["end"] - hole["start"]  # the proxy's own record of it
+    assert truth == pytest.approx(3.0, abs=0.05)
+    assert hole["silence_s"] == pytest.approx(truth, abs=0.5)
+    assert hole["requests_failed"] == 0  # held, not dropped: streams resume after it
+    # every reset the proxy made is one failed request, and nothing else failed
+    run = last_snapshot(phase["run_dir"])
+    assert faults["proxy"]["resets"] > 0
+    assert run.counters.requests_failed == faults["proxy"]["resets"]
+    assert set(run.counters.errors) <= {"stream_broken", "connect"}
+    assert by_kind["latency"]["requests_failed"] == 0
+
+
+def test_scaling_on_two_replicas_against_the_second_ones_counter(full, sims):
+    out, _ = full
+    scaling = json.loads((out / "eval.json").read_text())["phases"]["scaling"]["figures"]
+    rows = {r["targets"]: r for r in scaling["rows"]}
+    assert sorted(rows) == [1, 2]
+    # the second replica served only the two-target run: its own count of what it generated
+    # is the truth for that run's tokens
+    metrics = _scrape(sims[1])
+    second = last_snapshot(rows[2]["run_dirs"][1])
+    assert second.counters.output_tokens == pytest.approx(
+        metrics["vllm:generation_tokens_total"], rel=0.01)
+    assert 0.7 <= rows[2]["efficiency"] <= 1.3  # two independent replicas: about 2 × one
+
+
+def _scrape(url: str) -> dict[str, float]:
+    import asyncio
+
+    from support import scrape
+
+    return asyncio.run(scrape(url.removesuffix("/v1") + "/metrics"))
+
+
+def test_a_killed_eval_resumes_at_its_phase_and_compare_says_what_differs(full, sims,
+                                                                          tmp_path):
+    plan = write_plan(tmp_path / "plan.toml", faults="", input_tokens=48)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(eval_argv(sims[0], plan, out), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "ramp" not in _phases(out):
+            assert time.monotonic() < deadline and proc.poll() is None, "the ramp never ended"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)  # during the long tail
+    finally:
+        proc.wait(10)
+    kept = _phases(out)
+    assert set(kept) == {"baseline", "ramp"}
+    again = subprocess.run(eval_argv(sims[0], plan, out), capture_output=True, text=True,
+                           timeout=240, stdin=subprocess.DEVNULL, cwd=ROOT)
+    assert again.returncode == 2 and "holds an eval already" in again.stderr
+    again = subprocess.run([a for a in eval_argv(sims[0], plan, out) if "--plan" not in a],
+                           capture_output=True, text=True, timeout=240,
+                           stdin=subprocess.DEVNULL, cwd=ROOT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "baseline: done before, kept" in again.stderr
+    assert "ramp: done before, kept" in again.stderr
+    state = json.loads((out / "eval.json").read_text())
+    assert state["finished"] and state["phases"]["baseline"] == kept["baseline"]
+    assert (out / "runs" / "long_tail").exists() and (out / "runs" / "long_tail.try2").exists()
+
+    shown = tokentop("eval", "compare", str(full[0]), str(out))
+    assert shown.returncode == 0, shown.stderr
+    assert "the workloads differ: input_tokens is '32'" in shown.stdout
+    assert "requests/s" in shown.stdout and "%" in shown.stdout
+    lone = tokentop("eval", "compare", str(out))
+    assert lone.returncode == 2 and "two eval directories" in lone.stderr
+
+
+def _phases(out: Path) -> dict:
+    try:
+        return json.loads((out / "eval.json").read_text())["phases"]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_chaos_kill_and_restart_mttr_matches_the_real_downtime(tmp_path):
+    port = _free_port()
+    marker = tmp_path / "listening"
+    first = subprocess.Popen([sys.executable, "-m", "tui.cli", "sim", "--port", str(port),
+                              "--announce"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             stdin=subprocess.DEVNULL, text=True, cwd=ROOT)
+    assert first.stdout.readline().startswith("TOKENTOP_SIM_LISTENING")
+    # the restart: a second down, then a new simulator; the marker file is written when it
+    # listens, so its time is when the server was back (the truth for the downtime)
+    restart = (f"sleep 1; {sys.executable} -m tui.cli sim --port {port} --announce "
+               f"| (read line; touch {marker}; cat > /dev/null)")
+    plan = write_plan(tmp_path / "plan.toml", faults="", only_faults=True)
+    out = tmp_path / "out"
+    try:
+        done = subprocess.run(eval_argv(f"http://127.0.0.1:{port}/v1", plan, out,
+                                        f"--chaos-restart-cmd={restart}"),
+                              capture_output=True, text=True, timeout=180,
+                              stdin=subprocess.DEVNULL, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert first.wait(WAIT_S) == -signal.SIGKILL  # the eval killed it
+        chaos = json.loads((out / "eval.json").read_text())["phases"]["faults"]["figures"][
+            "chaos"]
+        assert chaos["killed"] and chaos["pid"] == first.pid
+        downtime = marker.stat().st_mtime - chaos["killed_at"]
+        assert chaos["mttr_s"] == pytest.approx(downtime, abs=1.0)
+        assert restart not in (out / "eval.json").read_text()  # the command may hold secrets
+    finally:
+        if first.poll() is None:
+            first.kill()
+        again = find_listener(port)  # the restarted simulator, and the shell around it
+        if again is not None:
+            shell = again.parent()
+            again.kill()
+            if shell is not None and str(marker) in " ".join(shell.cmdline()):
+                shell.kill()
