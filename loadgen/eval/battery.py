@@ -81,6 +81,7 @@ class Eval:
     secrets: Secrets = field(default_factory=Secrets)
     say: Say = print
     chaos_restart_cmd: str | None = None
+    dcgm_url: str | None = None  # a dcgm-exporter's /metrics: SM, tensor and DRAM activity
     results: dict[str, dict] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     url: str = ""  # the target every phase loads (the embedded simulator's when no --url)
@@ -274,7 +275,14 @@ async def baseline(ev: Eval) -> dict:
         return skipped("disabled in the plan")
     cfg = _phase_cfg(ev, "baseline", duration=float(b.duration), warmup=float(b.warmup),
                      **_baseline_load(ev))
-    run_dir = await _session(ev, "baseline", cfg)
+    dcgm = DcgmWatch(ev.dcgm_url, float(b.warmup))
+    watching = asyncio.create_task(dcgm.run())
+    try:
+        run_dir = await _session(ev, "baseline", cfg)
+    finally:
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
     r, _ = analyze_dir(run_dir, warnings=[])
     return {"status": "done", "run_dir": str(run_dir), "figures": {
         "load": _load_text(b.mode, b.concurrency, b.rate),
@@ -284,7 +292,59 @@ async def baseline(ev: Eval) -> dict:
         "latency_ms": {m: r["latency_ms"].get(m) for m in ("ttft", "itl", "e2e")},
         "thresholds": r.get("thresholds") or [],
         **_efficiency_of(run_dir, r),
+        "dcgm": dcgm.result(r["rates"]["output_tok_s"], r["measured_s"]),
     }}
+
+
+class DcgmWatch:
+    """--dcgm-url through the baseline: SM, tensor-pipe and DRAM activity (the means over the
+    measured part, every DCGM_EVERY_S) and the energy its counters say was used, or why
+    there is none (no --dcgm-url, the exporter not answering, the fields not exported)."""
+
+    def __init__(self, url: str | None, warmup_s: float) -> None:
+        self.url = url
+        self.warmup_s = warmup_s
+        self.samples: list = []
+        self.error: str | None = None if url else "no --dcgm-url"
+
+    async def run(self) -> None:
+        if self.url is None:
+            return
+        import aiohttp
+
+        from probes.dcgm import DcgmProbe
+
+        async with aiohttp.ClientSession() as session:
+            probe = DcgmProbe(self.url, session)
+            await asyncio.sleep(self.warmup_s)
+            while True:
+                got = await probe.sample()
+                if got.ok:
+                    self.samples.append(got.gpus)
+                else:
+                    self.error = got.error
+                await asyncio.sleep(DCGM_EVERY_S)
+
+    def result(self, output_tok_s: float | None, seconds: float) -> dict:
+        from probes.dcgm import energy_between
+
+        if not self.samples:
+            return {"why": self.error or "no sample"}
+        out: dict[str, Any] = {}
+        for field_name in ("sm_active", "tensor_active", "dram_active"):
+            values = [getattr(g, field_name) for gpus in self.samples for g in gpus
+                      if getattr(g, field_name) is not None]
+            out[field_name] = sum(values) / len(values) if values else None
+        joules = energy_between(self.samples[0], self.samples[-1])
+        span = DCGM_EVERY_S * (len(self.samples) - 1)
+        out["tokens_per_joule"] = (output_tok_s * span / joules
+                                   if joules and output_tok_s and span else None)
+        out["why"] = "" if any(out[f] is not None for f in out) else \
+            "the exporter gives none of DCGM_FI_PROF_SM_ACTIVE, PIPE_TENSOR_ACTIVE, DRAM_ACTIVE"
+        return out
+
+
+DCGM_EVERY_S = 1.0
 
 
 async def ramp(ev: Eval) -> dict:
@@ -563,7 +623,7 @@ async def efficiency(ev: Eval) -> dict:
         base = (ev.results.get("baseline") or {}).get("figures") or {}
         out["baseline"] = {k: base.get(k) for k in (
             "tokens_per_joule", "req_s_per_w", "gpu_util_pct", "gpu_memory_mb_per_in_flight",
-            "energy_why")}
+            "energy_why", "dcgm")}
     if "knee" in p.at:
         knee = ((ev.results.get("ramp") or {}).get("figures") or {}).get("knee")
         out["knee"] = ({"tokens_per_joule": knee.get("tokens_per_joule"),

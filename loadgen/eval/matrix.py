@@ -195,6 +195,15 @@ def _efficiency(results: dict) -> Iterator[Row]:
         yield Row(dim, f"requests/s per watt ({at})", e.get("req_s_per_w"), "req/s/W",
                   "higher", note=why or ("" if e.get("req_s_per_w") else "no GPU power"))
     base = f.get("baseline") or {}
+    dcgm = base.get("dcgm") or {}
+    for key, name in (("sm_active", "SM activity"), ("tensor_active", "tensor-pipe activity"),
+                      ("dram_active", "DRAM activity (memory bandwidth)")):
+        value = dcgm.get(key)
+        yield Row(dim, f"{name} (baseline, DCGM)", None if value is None else value * 100, "%",
+                  None, note=why or ("" if value is not None else dcgm.get("why") or "n/a"))
+    yield Row(dim, "output tokens per joule (baseline, DCGM)", dcgm.get("tokens_per_joule"),
+              "tok/J", "higher", note=why or ("" if dcgm.get("tokens_per_joule") is not None
+                                             else dcgm.get("why") or "no energy counter"))
     yield Row(dim, "GPU utilisation (baseline)", base.get("gpu_util_pct"), "%", None,
               note=why or ("" if base.get("gpu_util_pct") is not None else "no GPU"))
     yield Row(dim, "GPU memory per request in flight", base.get("gpu_memory_mb_per_in_flight"),

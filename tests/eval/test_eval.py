@@ -248,3 +248,55 @@ def test_chaos_kill_and_restart_mttr_matches_the_real_downtime(tmp_path):
             again.kill()
             if shell is not None and str(marker) in " ".join(shell.cmdline()):
                 shell.kill()
+
+
+DCGM = (ROOT / "tests" / "fixtures" / "metrics" / "dcgm-exporter.txt").read_text()
+
+
+def _fixture_mean(field: str) -> float:
+    """The fixture's own values of a DCGM field over its GPUs (the truth, read here)."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in DCGM.splitlines()
+              if line.startswith(field + "{")]
+    return sum(values) / len(values)
+
+
+async def test_dcgm_activity_in_the_efficiency_rows(sims, tmp_path):
+    import asyncio
+
+    from aiohttp import web
+
+    async def page(_request: web.Request) -> web.Response:
+        return web.Response(text=DCGM)
+
+    app = web.Application()
+    app.router.add_get("/metrics", page)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    plan = write_plan(tmp_path / "plan.toml", faults="", only_faults=True)
+    text = plan.read_text()
+    for phase in ("baseline", "efficiency"):  # only these two
+        text = text.replace(f"[phases.{phase}]\nenabled = false\n", f"[phases.{phase}]\n")
+    plan.write_text(text)
+    out = tmp_path / "out"
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run, eval_argv(sims[0], plan, out,
+                                      f"--dcgm-url=http://127.0.0.1:{port}/metrics"),
+            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=ROOT)
+    finally:
+        await runner.cleanup()
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = json.loads((out / "eval.json").read_text())
+    dcgm = state["phases"]["baseline"]["figures"]["dcgm"]
+    assert dcgm["sm_active"] == pytest.approx(_fixture_mean("DCGM_FI_PROF_SM_ACTIVE"))
+    assert dcgm["tensor_active"] == pytest.approx(_fixture_mean("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"))
+    assert dcgm["dram_active"] == pytest.approx(_fixture_mean("DCGM_FI_PROF_DRAM_ACTIVE"))
+    rows = {r["figure"]: r for r in state["rows"]}
+    assert rows["SM activity (baseline, DCGM)"]["value"] == pytest.approx(
+        100 * _fixture_mean("DCGM_FI_PROF_SM_ACTIVE"))
+    # the fixture's energy counters stand still: no figure, and it says why
+    tpj = rows["output tokens per joule (baseline, DCGM)"]
+    assert tpj["value"] is None and tpj["note"]

@@ -64,6 +64,9 @@ def eval_parser() -> argparse.ArgumentParser:
     g.add_argument("--quick", action="store_true",
                    help="the plan's quick profile: minutes, not a day (the phases shortened)")
     g.add_argument("--print-plan", action="store_true", help="write the default plan and exit")
+    g.add_argument("--dcgm-url", metavar="URL",
+                   help="a dcgm-exporter's /metrics (e.g. http://127.0.0.1:9400/metrics): SM, "
+                   "tensor-pipe and DRAM activity and DCGM's energy in the efficiency rows")
     g.add_argument("--chaos-restart-cmd", metavar="CMD",
                    help="opt-in: during the faults phase kill the server process and run CMD "
                    "(a shell command) to restart it; MTTR from the kill to the first success")
@@ -84,7 +87,8 @@ def _eval(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     cfg, secrets = run_config(args), secrets_from(args)
-    kw = {"secrets": secrets, "chaos_restart_cmd": args.chaos_restart_cmd}
+    kw = {"secrets": secrets, "chaos_restart_cmd": args.chaos_restart_cmd,
+          "dcgm_url": args.dcgm_url}
     try:
         state = load_state(out)
         if state is not None:
