@@ -38,7 +38,7 @@ import pytest
 _BASE = frozenset({"loadgen", "loadgen.model"})  # the root package and the shared vocabulary
 _LOADGEN = frozenset(
     {"loadgen", "loadgen.model", "loadgen.worker", "loadgen.run", "loadgen.record",
-     "loadgen.analysis", "loadgen.fleet", "loadgen.sim"}
+     "loadgen.analysis", "loadgen.fleet", "loadgen.sim", "loadgen.eval"}
 )
 
 ALLOWED: dict[str, frozenset[str]] = {
@@ -53,6 +53,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     | {"loadgen.worker", "loadgen.record", "loadgen.fleet", "probes", "loadgen.sim"},
     "loadgen.analysis": _BASE
     | {"loadgen.worker", "loadgen.run", "loadgen.record", "loadgen.fleet", "probes", "loadgen.sim"},
+    # the evaluation battery: runs (sessions, sweeps) and their analysis, over the rest
+    "loadgen.eval": _BASE
+    | {"loadgen.worker", "loadgen.run", "loadgen.record", "loadgen.analysis", "probes",
+       "loadgen.sim"},
     "tui": _LOADGEN | {"probes", "themes"},
     "themes": frozenset(),
 }
