@@ -206,23 +206,12 @@ class DcgmProbe:
 
     async def _scrape(self) -> DcgmSample:
         try:
-            text = await self._fetch()
+            text = await server_metrics.fetch_page(self._session, self.url)
             return DcgmSample(url=self.url, ok=True, gpus=parse_dcgm(text))
-        except (_HttpStatus, DcgmError) as exc:
+        except (server_metrics.HttpStatus, DcgmError) as exc:
             return DcgmSample(url=self.url, ok=False, error=str(exc))
         except Exception as exc:  # connection refused, timeouts, resets: in words
             return DcgmSample(url=self.url, ok=False, error=describe_error(exc))
-
-    async def _fetch(self) -> str:
-        timeout = aiohttp.ClientTimeout(total=server_metrics.TIMEOUT_S)
-        async with self._session.get(self.url, timeout=timeout) as resp:
-            if resp.status != 200:
-                raise _HttpStatus(f"HTTP {resp.status} from {self.url}")
-            return await resp.text(errors="replace")
-
-
-class _HttpStatus(Exception):
-    pass
 
 
 def _first_line(exc: BaseException) -> str:

@@ -239,8 +239,8 @@ class ServerMetricsProbe:
     async def sample(self) -> ServerMetrics:
         start = time.perf_counter()
         try:
-            text = await self._fetch()
-        except _HttpStatus as exc:
+            text = await fetch_page(self._session, self.url, self._headers)
+        except HttpStatus as exc:
             page = Page(ServerMetrics(url=self.url, ok=False, error=str(exc)))
         except Exception as exc:
             page = Page(ServerMetrics(url=self.url, ok=False, error=describe_error(exc)))
@@ -251,16 +251,20 @@ class ServerMetricsProbe:
         result.scrape_ms = (time.perf_counter() - start) * 1000.0
         return result
 
-    async def _fetch(self) -> str:
-        timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
-        async with self._session.get(self.url, headers=self._headers, timeout=timeout) as resp:
-            if resp.status != 200:
-                raise _HttpStatus(f"HTTP {resp.status} from {self.url}")
-            return await resp.text(errors="replace")
 
 
-class _HttpStatus(Exception):
-    pass
+async def fetch_page(session: aiohttp.ClientSession, url: str,
+                     headers: dict[str, str] | None = None) -> str:
+    """A Prometheus page's text (any exporter's); HttpStatus when it answers other than 200."""
+    timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
+    async with session.get(url, headers=headers or {}, timeout=timeout) as resp:
+        if resp.status != 200:
+            raise HttpStatus(f"HTTP {resp.status} from {url}")
+        return await resp.text(errors="replace")
+
+
+class HttpStatus(Exception):
+    """A scrape answered with another status than 200; str(e) says which, and from where."""
 
 
 def describe_error(exc: BaseException) -> str:
