@@ -165,3 +165,29 @@ async def test_a_without_slo_climbs_while_throughput_rises_and_says_why_it_settl
                         and source.proc.returncode is not None)
     finally:
         await sim.close()
+
+
+async def test_conversations_show_the_prefix_cache_and_ttft_by_turn():
+    """--turns against the simulator's prefix cache: the load panel says how much of the
+    prompts the cache served (the server's own counter is the truth for the run's total)
+    and the mean TTFT of each turn."""
+    from loadgen.sim import SimConfig, start_sim
+
+    sim = await start_sim(SimConfig(step_overhead_ms=1.0), host="127.0.0.1", port=0)
+    cfg = RunConfig(url=sim.url, concurrency=2, turns=3, input_tokens="40",
+                    output_tokens="8", workers=1, tick=0.25, drain_grace=1.0,
+                    tokenizer="none")
+    app = TokentopApp(RunProcess(cfg), refresh=0.1)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            plain = lambda: app.query_one("#load").plain  # noqa: E731
+            await until(pilot, lambda: "prefix cache" in plain() and " 3:" in plain())
+            last = app.windows.last
+            assert 0 < last.counters.cached_tokens <= sim.model.prefix_cache.hits
+            assert "TTFT ms by turn 1:" in plain()
+            source = app.source
+            await pilot.press("q", "q")
+            await until(pilot, lambda: source.proc is not None
+                        and source.proc.returncode is not None)
+    finally:
+        await sim.close()

@@ -58,6 +58,25 @@ def errors_line(ten: WindowStats | None, total: dict[str, int]) -> str:
     return f"{lbl('errors')}none"
 
 
+def cache_line(snap: Snapshot, ten: WindowStats | None) -> str | None:
+    """Prefix caching and conversations, only where there is any: the share of prompt tokens
+    the server served from its cache over the last 10 s (by the answers' usage), the server's
+    own hit rate from /metrics beside it, and the mean TTFT of each turn so far (--turns)."""
+    c = ten.counters if ten is not None else None
+    parts = []
+    if c is not None and c.cache_reported_input_tokens:
+        share = c.cached_tokens / c.cache_reported_input_tokens
+        parts.append(f"{lbl('prefix cache')}[b]{share:.0%}[/] of prompt tokens")
+    server = snap.server
+    if server is not None and server.ok and server.prefix_cache_hit_rate is not None:
+        parts.append(f"{lbl('server')}{server.prefix_cache_hit_rate:.0%}")
+    turns = [(i + 1, t) for i, t in enumerate(snap.counters.turns) if t.requests]
+    if turns:
+        shown = " ".join(f"{n}:{t.ttft_us / t.requests / 1000:.0f}" for n, t in turns[:6])
+        parts.append(f"{lbl('TTFT ms by turn')}{shown}")
+    return "  ".join(parts) if parts else None
+
+
 def load_lines(snap: Snapshot, ten: WindowStats | None) -> list[str]:
     load = snap.load
     state = ""
@@ -65,13 +84,15 @@ def load_lines(snap: Snapshot, ten: WindowStats | None) -> list[str]:
         state = "  [$warning]warm-up[/]"
     flight = f"{lbl('in flight')}[b]{load.in_flight}[/]  {lbl('backlog')}"
     backlog = f"[$warning]{load.backlog}[/]" if load.backlog else "0"
-    return [
+    lines = [
         target_line(snap) + state,
         flight + backlog,
         server_line(snap.server),
         rates_line(ten),
         errors_line(ten, snap.counters.errors),
     ]
+    cache = cache_line(snap, ten)
+    return [*lines, cache] if cache else lines
 
 
 class LoadPanel(Panel):
