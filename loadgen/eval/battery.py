@@ -623,7 +623,7 @@ async def efficiency(ev: Eval) -> dict:
         base = (ev.results.get("baseline") or {}).get("figures") or {}
         out["baseline"] = {k: base.get(k) for k in (
             "tokens_per_joule", "req_s_per_w", "gpu_util_pct", "gpu_memory_mb_per_in_flight",
-            "energy_why", "dcgm")}
+            "energy_why", "dcgm", "gpu_source")}
     if "knee" in p.at:
         knee = ((ev.results.get("ramp") or {}).get("figures") or {}).get("knee")
         out["knee"] = ({"tokens_per_joule": knee.get("tokens_per_joule"),

@@ -187,9 +187,11 @@ def _leaks(results: dict) -> Iterator[Row]:
 def _efficiency(results: dict) -> Iterator[Row]:
     f, why = _phase(results, "efficiency")
     dim = "efficiency"
+    simulated = (f.get("baseline") or {}).get("gpu_source") == "simulated"
     for at in ("baseline", "knee"):
         e = f.get(at) or {}
         note = why or e.get("energy_why") or ("" if e else f"not measured at the {at}")
+        note = note or ("the simulator's pretend GPU" if simulated else "")
         yield Row(dim, f"output tokens per joule ({at})", e.get("tokens_per_joule"), "tok/J",
                   "higher", note=note)
         yield Row(dim, f"requests/s per watt ({at})", e.get("req_s_per_w"), "req/s/W",
@@ -242,13 +244,15 @@ def fmt(value: float | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     a = abs(value)
+    if float(value).is_integer() and a < 1e6:  # counts and whole loads: no decimals
+        return f"{int(value):,}"
     if a >= 1000:
         return f"{value:,.0f}"
     if a >= 100:
         return f"{value:.0f}"
     if a >= 10:
         return f"{value:.1f}"
-    return f"{value:.2f}" if a >= 0.01 or a == 0 else f"{value:.2g}"
+    return f"{value:.2f}" if a >= 1 else f"{value:.3g}"
 
 
 def table(all_rows: list[Row]) -> str:
@@ -280,7 +284,19 @@ def markdown(results: dict, all_rows: list[Row], meta: dict, plots: list[str]) -
     for name, r in results.items():
         extra = f" — {r['why']}" if r.get("why") else ""
         where = f" (`{r['run_dir']}`)" if r.get("run_dir") else ""
-        out.append(f"* **{name}**: {r.get('status')}{extra}{where}, {r.get('seconds', 0):g} s")
+        report = Path(r["run_dir"]) / "report.md" if r.get("run_dir") else None
+        # the long tail's intervals, outages and drift in full: that phase's own report
+        link = f"; [its report]({report})" if report is not None and report.exists() else ""
+        out.append(f"* **{name}**: {r.get('status')}{extra}{where}, "
+                   f"{r.get('seconds', 0):g} s{link}")
+    tail = ((results.get("long_tail") or {}).get("figures") or {}).get("long_tail") or {}
+    if tail.get("intervals"):
+        out += ["", "## Long-tail intervals (the soak's ticks whose tail broke out)", "",
+                "| at (s) | metric | P99 (ms) | P99.9 (ms) | max (ms) | in flight |",
+                "| --- | --- | --- | --- | --- | --- |"]
+        out += [f"| {i.get('rel')} | {i.get('metric')} | {i.get('p99_ms')} | "
+                f"{i.get('p99.9_ms')} | {i.get('max_ms')} | {i.get('in_flight')} |"
+                for i in tail["intervals"][:50]]
     if plots:
         out += ["", "## Plots", ""]
         out += [f"![{Path(p).stem}]({p})" for p in plots]

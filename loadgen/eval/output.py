@@ -68,6 +68,7 @@ def faults_plot(run_dir: Path, faults: list[dict], path: Path) -> bool:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     t, p50, p99, failed = [], [], [], []
     prev = None
@@ -99,6 +100,7 @@ def faults_plot(run_dir: Path, faults: list[dict], path: Path) -> bool:
         for ax in (lat, err):
             ax.axvspan(start, end, color=FAULT_COLOURS.get(f["fault"], "#999"), alpha=0.25,
                        label=label if ax is lat else None)
+    err.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     for ax in (lat, err):
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
