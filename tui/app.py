@@ -30,7 +30,16 @@ from textual.widgets import Footer
 
 from loadgen.model.kinds import SourceKind
 from loadgen.model.slo import SloError, Slos, parse_slos
-from loadgen.model.snapshot import Control, Event, Snapshot, to_json
+from loadgen.model.snapshot import (
+    Control,
+    Counters,
+    Event,
+    HostSample,
+    LoadState,
+    Snapshot,
+    Target,
+    to_json,
+)
 from loadgen.model.source import SnapshotSource, SourceError
 from loadgen.model.windows import WINDOWS, SnapshotWindows
 from loadgen.record.replay import replay_of
@@ -207,6 +216,7 @@ class TokentopApp(App[None]):
         self._close_timeout = CLOSE_TIMEOUT_S
         self._hangup = False
         self._waiting: str | None = None  # the header's line while the target does not answer
+        self._waiting_host: HostSample | None = None  # the host, sampled meanwhile
 
     # ---------------------------------------------------------------- layout
 
@@ -282,10 +292,25 @@ class TokentopApp(App[None]):
                         timeout=5 if up else 24 * 3600)
             self._note("target", text, level="info" if up else "warn")
 
+        host = asyncio.create_task(self._host_while_waiting())
         try:
             await wait_for_target(base, secrets.authorization(), say, cfg.wait)
         except TargetError:
             self._waiting = None  # --wait is over: the run process says so, in its words
+        finally:
+            host.cancel()
+            self._waiting_host = None
+
+    async def _host_while_waiting(self) -> None:
+        """The host is local: its panel is live while the target does not answer yet (the
+        run process, whose probes fill every other panel, starts when it does)."""
+        from probes.host import HostProbe
+
+        probe = HostProbe()
+        while True:
+            self._waiting_host = probe.sample()
+            self._dirty = True
+            await asyncio.sleep(1.0)
 
     def _take(self, snap: Snapshot) -> None:
         """Fold one Snapshot in: windows, history rings, events. No drawing here."""
@@ -367,8 +392,20 @@ class TokentopApp(App[None]):
             elif view is not None and screen is self.screen_stack[0]:
                 for panel in screen.query(Panel):
                     panel.show(view)
+            elif self._waiting_host is not None and screen is self.screen_stack[0]:
+                for panel in screen.query(HostPanel):
+                    panel.show(self._host_view())
             if snap is not None:
                 self.drawn_seq = snap.seq
+
+    def _host_view(self) -> View:
+        """A view with only the host in it, while no Snapshot has come (the target is being
+        waited for): the host panel's, not the run's."""
+        cfg = getattr(self.source, "cfg", None)
+        snap = Snapshot(run_id="", seq=-1, t=time.time(), elapsed=0.0, interval=0.0,
+                        target=Target(url=getattr(cfg, "url", None) or "", model=""),
+                        load=LoadState(), counters=Counters(), host=self._waiting_host)
+        return View(snap=snap, stats={}, window=self.window, target_note=self.target_note)
 
     def on_screen_resume(self) -> None:
         self.redraw_now()

@@ -122,6 +122,7 @@ async def test_the_console_waits_and_starts_when_the_server_comes_up(unused_tcp_
                                                                      monkeypatch, tmp_path):
     from loadgen.run.run_process import RunProcess
     from tui.app import TokentopApp
+    from tui.widgets import HostPanel
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     url = f"http://127.0.0.1:{unused_tcp_port}/v1"
@@ -145,6 +146,9 @@ async def test_the_console_waits_and_starts_when_the_server_comes_up(unused_tcp_
             assert f"waiting for {url} (connection refused); retrying every 2 s, q to quit" \
                 in header(), header()
             assert app.error is None and app.windows.last is None  # waiting, not failed
+            # the host is local: its panel is live meanwhile (the run's other panels wait)
+            await until(pilot, lambda: "RAM" in app.query_one(HostPanel).plain
+                        and "GiB" in app.query_one(HostPanel).plain)
             sim = await start_sim(SimConfig(**FAST), host="127.0.0.1", port=unused_tcp_port)
             await until(pilot, lambda: app.windows.last is not None
                         and app.windows.last.counters.requests_ok > 0)
