@@ -21,6 +21,9 @@ from support import ROOT, WAIT_S, start_sim_process, tokentop
 from loadgen.record.rundir import last_snapshot
 from probes.process import find_listener
 
+# each test runs whole evals (a minute or so each, the module's first one longer)
+pytestmark = pytest.mark.timeout(420)
+
 PLAN = """
 version = 1
 slo = "ttft<2s,ttft_p99<4s,error_rate<50%"
