@@ -127,7 +127,8 @@ async def test_an_slo_breach_is_in_the_recording_the_report_and_a_replay(sim, tm
 
 async def replayed(run_dir: Path, slo: str | None) -> list[Snapshot]:
     """What `tokentop replay DIR [--slo S]` would show (the same source the command builds)."""
-    source, _ = replay_source(run_dir, speed=100.0, follow=False, slo=slo)
+    # not held at the end (the console's is): the recording read through to its end
+    source, _ = replay_source(run_dir, speed=100.0, follow=False, slo=slo, hold=False)
     await source.start()
     try:
         return [s async for s in source.snapshots()]

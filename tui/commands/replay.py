@@ -50,15 +50,16 @@ def _replay(run_dir: Path, *, speed: float, follow: bool | None, slo: str | None
 
 
 def replay_source(run_dir: Path, *, speed: float = 1.0, follow: bool | None = None,
-                  slo: str | None = None):
+                  slo: str | None = None, hold: bool = True):
     """The source `tokentop replay` shows, and the SLOs its colours judge by: with --slo, the
-    recording judged afresh by a Watch; without, as recorded."""
+    recording judged afresh by a Watch; without, as recorded. `hold`: the console's (it
+    stays at the end); a reader that wants the recording through to its end passes False."""
     from loadgen.model.slo import SloError, parse_slos
     from loadgen.record.replay import ReplaySource
     from loadgen.run.watch import WatchedSource
 
     # held at the end: the console stays on the recording, and ← still seeks back from there
-    source = ReplaySource(run_dir, speed=speed, follow=follow, hold=True)
+    source = ReplaySource(run_dir, speed=speed, follow=follow, hold=hold)
     if slo is None:
         return source, _recorded_slo(run_dir)
     try:
