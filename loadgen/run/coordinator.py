@@ -296,6 +296,13 @@ class Coordinator:
             self._stop_reason = reason
         self._stop_requested.set()
 
+    def cut_drain_short(self) -> None:
+        """A drain under way ends now: every worker cancels what it still has in flight (a
+        second Stop, with no grace), and reports as ever."""
+        if self.state == "draining":
+            for worker in self.pool.workers:
+                worker.send(wire.Stop(0.0))
+
     # ---- the tick ------------------------------------------------------------------------
 
     async def snapshots(self) -> AsyncIterator[Snapshot]:

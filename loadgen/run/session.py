@@ -56,7 +56,6 @@ from loadgen.run.summary import (
     write_json,
 )
 from loadgen.run.watch import Watch
-from loadgen.worker import wire
 
 log = logging.getLogger("tokentop.session")
 
@@ -223,10 +222,8 @@ class Session:
         cancelled); the summary and the recording are still written by finish()."""
         self.cfg.drain_grace = 0.0  # a drain that has not begun yet begins with no grace
         self.request_stop(reason)
-        if self.coord is not None and self.coord.state == "draining":
-            # a drain already under way: a second Stop with no grace cuts it short
-            for worker in self.coord.pool.workers:
-                worker.send(wire.Stop(0.0))
+        if self.coord is not None:
+            self.coord.cut_drain_short()
 
     def load_now(self) -> LoadNow:
         """The load as it is set now (for remote control's limits)."""
