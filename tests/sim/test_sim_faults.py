@@ -335,7 +335,8 @@ async def test_outage_from_the_command_line(http: aiohttp.ClientSession) -> None
             if sim.server.outage_active:
                 break
             await asyncio.sleep(0.01)
-        assert sim.server.outage_active
+        else:
+            raise AssertionError("the outage never began")
         with pytest.raises(aiohttp.ClientConnectorError):
             async with http.get(root(sim) + "/health"):
                 pass

@@ -55,6 +55,12 @@ async def test_keys_drive_the_real_engine_and_metrics_reach_the_load_panel(sim):
     await until_plain(lambda: engine.num_running + engine.num_waiting == 0)
 
 
+async def quit_and_wait(pilot: Pilot, source) -> None:
+    """q twice (the load is running: it asks once), then the run process is gone."""
+    await pilot.press("q", "q")
+    await until(pilot, lambda: source.proc is not None and source.proc.returncode is not None)
+
+
 async def until_plain(cond: Callable[[], bool], seconds: float = 10.0) -> None:
     import asyncio
 
@@ -95,8 +101,7 @@ async def test_brackets_raise_in_flight_to_20_and_p_pauses_and_resumes(sim):
         await until(pilot, lambda: last().load.state == "running")
         await until(pilot, lambda: last().load.in_flight == 20)
         source = app.source
-        await pilot.press("q", "q")
-        await until(pilot, lambda: source.proc is not None and source.proc.returncode is not None)
+        await quit_and_wait(pilot, source)
 
 
 async def test_a_auto_ramps_to_the_slo_boundary_and_a_key_takes_over():
@@ -126,9 +131,7 @@ async def test_a_auto_ramps_to_the_slo_boundary_and_a_key_takes_over():
             await until(pilot, lambda: last().load.target_concurrency == 5)
             await until(pilot, lambda: last().load.note is None)
             source = app.source
-            await pilot.press("q", "q")
-            await until(pilot, lambda: source.proc is not None
-                        and source.proc.returncode is not None)
+            await quit_and_wait(pilot, source)
     finally:
         await sim.close()
 
@@ -160,9 +163,7 @@ async def test_a_without_slo_climbs_while_throughput_rises_and_says_why_it_settl
             assert "before throughput stopped rising" in note()
             assert "failed:" in note() and "tok/s" in note(), "the failed step gives no reason"
             source = app.source
-            await pilot.press("q", "q")
-            await until(pilot, lambda: source.proc is not None
-                        and source.proc.returncode is not None)
+            await quit_and_wait(pilot, source)
     finally:
         await sim.close()
 
@@ -186,8 +187,6 @@ async def test_conversations_show_the_prefix_cache_and_ttft_by_turn():
             assert 0 < last.counters.cached_tokens <= sim.model.prefix_cache.hits
             assert "TTFT ms by turn 1:" in plain()
             source = app.source
-            await pilot.press("q", "q")
-            await until(pilot, lambda: source.proc is not None
-                        and source.proc.returncode is not None)
+            await quit_and_wait(pilot, source)
     finally:
         await sim.close()
