@@ -19,9 +19,17 @@ SO_REUSEPORT would each need a share of it, and the kernel's per-connection
 hashing would then put the knee at a different place for every run. One
 process on one core streams over 100k chunks/s (tests/bench/bench_sim.py),
 more than any single load generator here can read.
+
+Modules: program.py (start, announce, serve until stopped), server.py (the HTTP
+handlers), exact.py (the exact-timing serving path), request.py (what a request may
+say), chunks.py (the SSE bytes), words.py (the words written, the optional tokenizer),
+model.py (SimConfig and the engine model), metrics.py (its counters and histograms),
+dialects.py (/metrics in each engine's names), prefix_cache.py, gpu.py, faults.py,
+presets.py (the profiles, and the simulator described in words), launch.py (the handover
+to a child process).
 """
 
 from loadgen.sim.model import SimConfig
-from loadgen.sim.server import RunningSim, serve_forever, start_sim
+from loadgen.sim.program import RunningSim, serve_forever, start_sim
 
 __all__ = ["RunningSim", "SimConfig", "serve_forever", "start_sim"]

@@ -13,7 +13,7 @@ import logging
 import sys
 
 from loadgen.sim.launch import LaunchError, read_launch
-from loadgen.sim.server import serve_forever
+from loadgen.sim.program import serve_forever
 
 
 def main() -> int:

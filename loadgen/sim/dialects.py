@@ -2,9 +2,11 @@
 
 The model is the same whatever the dialect; only the names, labels and
 shapes change, so that each of tokentop's scrapers (probes/engines.py) can be
-exercised against a live endpoint. Names follow what each engine exports:
+exercised against a live endpoint. The output is the Prometheus text format, which
+prometheus_client's parser reads. Names follow what each engine exports:
 
-* vllm: `vllm:*` with `model_name` (see metrics.EngineMetrics.render);
+* vllm: `vllm:*` with `model_name`, bucket edges as vLLM declares them (metrics.py), and
+  vLLM v1's `vllm:prefix_cache_{queries,hits}_total` when there is a prefix cache;
 * sglang: `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`,
   `sglang:num_used_tokens`, `sglang:prompt_tokens_total`,
   `sglang:generation_tokens_total`, `sglang:num_requests_total`, latency histograms;
@@ -24,33 +26,58 @@ exercised against a live endpoint. Names follow what each engine exports:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from loadgen.sim.metrics import Histogram, _escape, _header, _histogram
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
+    from loadgen.sim.metrics import Histogram
     from loadgen.sim.model import BatchModel
+    from loadgen.sim.prefix_cache import PrefixCache
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 KV_BLOCK_TOKENS = 16  # a paged KV block, for the dialects that count blocks
 
 
-def render(dialect: str, engine: BatchModel) -> str:
+class Scrape(NamedTuple):
+    """What one rendering reads besides the engine."""
+
+    prefix_cache: PrefixCache | None  # its counters, for the dialects that show them
+    # what the previous scrape saw, per dialect, for gauges that cover the time since it
+    previous: dict[str, Any]
+
+
+def render(dialect: str, engine: BatchModel, *, prefix_cache: PrefixCache | None = None,
+           scrapes: dict[str, Any] | None = None) -> str:
+    """The engine's /metrics page in `dialect`'s names. `prefix_cache`: the server's, whose
+    counters vLLM shows; `scrapes`: a dict the caller keeps between scrapes, for llama.cpp's
+    per-scrape averages (None: each scrape averages since the start)."""
     try:
         fn = _RENDERERS[dialect]
     except KeyError:
         raise ValueError(f"unknown metrics dialect {dialect!r}") from None
-    return fn(engine)
+    return fn(engine, Scrape(prefix_cache, {} if scrapes is None else scrapes))
 
 
-def _vllm(engine: BatchModel) -> str:
-    return engine.metrics.render(
-        engine.cfg.model_name,
-        running=engine.num_running,
-        waiting=engine.num_waiting,
-        kv_usage=engine.kv_usage,
-        prefix=None if engine.prefix_cache is None else
-        (engine.prefix_cache.queries, engine.prefix_cache.hits),
-    )
+# ---- the text format
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _header(out: list[str], name: str, kind: str, doc: str) -> None:
+    out.append(f"# HELP {name} {doc}")
+    out.append(f"# TYPE {name} {kind}")
+
+
+def _histogram(out: list[str], name: str, label: str, hist: Histogram) -> None:
+    cumulative = 0
+    for edge, n in zip(hist.edges, hist.counts, strict=False):
+        cumulative += n
+        out.append(f'{name}_bucket{{{label},le="{edge!r}"}} {float(cumulative)!r}')
+    out.append(f'{name}_bucket{{{label},le="+Inf"}} {float(hist.count)!r}')
+    out.append(f"{name}_count{{{label}}} {float(hist.count)!r}")
+    out.append(f"{name}_sum{{{label}}} {hist.sum!r}")
 
 
 class _Out:
@@ -82,7 +109,46 @@ def _model_label(engine: BatchModel) -> str:
     return f'model_name="{_escape(engine.cfg.model_name)}"'
 
 
-def _sglang(engine: BatchModel) -> str:
+# ---- the dialects
+
+
+def _vllm(engine: BatchModel, scrape: Scrape) -> str:
+    m = engine.metrics
+    out = _Out(_model_label(engine))
+    out.scalar("vllm:num_requests_running", "gauge",
+               "Number of requests in model execution batches.", engine.num_running)
+    out.scalar("vllm:num_requests_waiting", "gauge",
+               "Number of requests waiting to be processed.", engine.num_waiting)
+    out.scalar("vllm:kv_cache_usage_perc", "gauge",
+               "KV-cache usage. 1 means 100 percent usage.", engine.kv_usage)
+    out.scalar("vllm:num_preemptions_total", "counter",
+               "Cumulative number of preemption from the engine.", m.preemptions)
+    out.scalar("vllm:prompt_tokens_total", "counter",
+               "Number of prefill tokens processed.", m.prompt_tokens)
+    out.scalar("vllm:generation_tokens_total", "counter",
+               "Number of generation tokens processed.", m.generation_tokens)
+    cache = scrape.prefix_cache
+    if cache is not None:  # counted in tokens, as vLLM v1's are
+        out.scalar("vllm:prefix_cache_queries_total", "counter",
+                   "Prefix cache queries, in terms of number of queried tokens.", cache.queries)
+        out.scalar("vllm:prefix_cache_hits_total", "counter",
+                   "Prefix cache hits, in terms of number of cached tokens.", cache.hits)
+    name = "vllm:request_success_total"
+    _header(out.lines, name, "counter", "Count of successfully processed requests.")
+    for reason, n in m.success.items():
+        out.sample(name, n, f'finished_reason="{reason}"')
+    out.histogram("vllm:time_to_first_token_seconds",
+                  "Histogram of time to first token in seconds.", m.ttft)
+    out.histogram("vllm:inter_token_latency_seconds",
+                  "Histogram of inter-token latency in seconds.", m.itl)
+    out.histogram("vllm:e2e_request_latency_seconds",
+                  "Histogram of e2e request latency in seconds.", m.e2e)
+    out.histogram("vllm:request_queue_time_seconds",
+                  "Histogram of time spent in WAITING phase for request.", m.queue)
+    return out.text()  # fmt: skip
+
+
+def _sglang(engine: BatchModel, _scrape: Scrape) -> str:
     m = engine.metrics
     out = _Out(_model_label(engine))
     out.scalar(
@@ -128,7 +194,7 @@ def _sglang(engine: BatchModel) -> str:
     return out.text()  # fmt: skip
 
 
-def _tgi(engine: BatchModel) -> str:
+def _tgi(engine: BatchModel, _scrape: Scrape) -> str:
     m = engine.metrics
     out = _Out()
     out.scalar("tgi_queue_size", "gauge", "", engine.num_waiting)
@@ -143,14 +209,15 @@ def _tgi(engine: BatchModel) -> str:
     return out.text()
 
 
-def _llamacpp(engine: BatchModel) -> str:
+def _llamacpp(engine: BatchModel, scrape: Scrape) -> str:
     m = engine.metrics
     now = engine.now()
     busy = engine.busy_seconds(now)
-    # llama.cpp's rate gauges cover the time since the previous scrape
-    last = engine.scrape_state.get("llamacpp")
-    engine.scrape_state["llamacpp"] = (m, m.prompt_tokens, m.generation_tokens, busy, engine.steps,
-                                       m.busy_slot_steps)  # fmt: skip
+    # llama.cpp's rate gauges cover the time since the previous scrape; that scrape's
+    # metrics object is kept too, as a restart (an outage) makes a new one from zero
+    last = scrape.previous.get("llamacpp")
+    scrape.previous["llamacpp"] = (m, m.prompt_tokens, m.generation_tokens, busy, engine.steps,
+                                   m.busy_slot_steps)  # fmt: skip
     if last is None or last[0] is not m:
         last = (m, 0, 0, 0.0, 0, 0)
     d_prompt = m.prompt_tokens - last[1]
@@ -213,7 +280,7 @@ def _llamacpp(engine: BatchModel) -> str:
     return out.text()  # fmt: skip
 
 
-def _trtllm(engine: BatchModel) -> str:
+def _trtllm(engine: BatchModel, _scrape: Scrape) -> str:
     m = engine.metrics
     out = _Out(_model_label(engine) + ',engine_type="trtllm"')
     out.scalar(
@@ -255,7 +322,7 @@ def _trtllm(engine: BatchModel) -> str:
     return out.text()  # fmt: skip
 
 
-def _triton(engine: BatchModel) -> str:
+def _triton(engine: BatchModel, _scrape: Scrape) -> str:
     cfg = engine.cfg
     out = _Out('model="tensorrt_llm",version="1"')
     name = "nv_trt_llm_request_metrics"
@@ -282,3 +349,6 @@ _RENDERERS = {
     "trtllm": _trtllm,
     "triton": _triton,
 }
+
+# The dialects the simulator can speak (SimConfig checks `metrics_dialect` against them).
+DIALECTS = tuple(_RENDERERS)

@@ -127,6 +127,22 @@ class FaultConfig:
             values[name] = value
         return FaultConfig(**values)
 
+    def active(self) -> list[str]:
+        """`name=value` for each setting that differs from no faults at all, in field order.
+
+        The seed is left out: it picks which requests a fault hits, not what the faults are.
+        A setting that only shapes a fault (stall_s, retry_after_s …) shows once changed,
+        even while that fault is off: what is printed is what was asked for.
+        """
+        plain = FaultConfig()
+        out = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "seed" and value != getattr(plain, f.name):
+                out.append(f"{f.name}={value}" if isinstance(value, str) else
+                           f"{f.name}={value:g}")
+        return out
+
 
 class Faults:
     """The live settings, the seeded draw, and the injected counters."""

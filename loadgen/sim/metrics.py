@@ -1,11 +1,11 @@
-"""The simulator's Prometheus /metrics, under vLLM's names.
+"""The engine's counters and Prometheus-style histograms, as it updates them.
 
-Rendered by hand rather than through prometheus_client: the engine observes
+Kept by hand rather than through prometheus_client: the engine observes
 one latency per token per sequence, and prometheus_client's Histogram takes a
 lock and scans its buckets linearly on every observation. Here an observation
 is a bisect and two additions, and a run of equal values (every sequence that
 decoded in the same step has the same gap) is one observation with a count.
-The output is the Prometheus text format, which prometheus_client's parser reads.
+How they read at /metrics, in each engine's names, is loadgen.sim.dialects'.
 """
 
 from __future__ import annotations
@@ -33,11 +33,6 @@ TOKEN_BUCKETS = tuple(float(2**i) for i in range(0, 18))
 
 FINISH_REASONS = ("stop", "length")
 
-# The /metrics dialects the simulator can speak (loadgen.sim.dialects renders them).
-DIALECTS = ("vllm", "sglang", "tgi", "llamacpp", "trtllm", "triton")
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
 
 class Histogram:
     """A cumulative Prometheus histogram with fixed upper bounds (le)."""
@@ -58,7 +53,8 @@ class Histogram:
 
 
 class EngineMetrics:
-    """Counters and histograms the engine updates; gauges are passed in at render time."""
+    """Counters and histograms the engine updates; its gauges (running, waiting, KV) are
+    read from the engine itself when /metrics is rendered."""
 
     def __init__(self) -> None:
         self.prompt_tokens = 0
@@ -79,72 +75,3 @@ class EngineMetrics:
         self.success[reason] += 1
         self.input_length.observe(prompt_tokens)
         self.generated_per_request.observe(generated)
-
-    def render(self, model_name: str, *, running: int, waiting: int, kv_usage: float,
-               prefix: tuple[int, int] | None = None) -> str:
-        """vLLM's exposition; `prefix`: the prefix cache's (queries, hits) in tokens, as
-        vLLM v1's prefix_cache_* counters (None: no prefix cache)."""
-        label = f'model_name="{_escape(model_name)}"'
-        out: list[str] = []
-        scalars = (
-            ("vllm:num_requests_running", "gauge",
-             "Number of requests in model execution batches.", running),
-            ("vllm:num_requests_waiting", "gauge",
-             "Number of requests waiting to be processed.", waiting),
-            ("vllm:kv_cache_usage_perc", "gauge",
-             "KV-cache usage. 1 means 100 percent usage.", kv_usage),
-            ("vllm:num_preemptions_total", "counter",
-             "Cumulative number of preemption from the engine.", self.preemptions),
-            ("vllm:prompt_tokens_total", "counter",
-             "Number of prefill tokens processed.", self.prompt_tokens),
-            ("vllm:generation_tokens_total", "counter",
-             "Number of generation tokens processed.", self.generation_tokens),
-        )  # fmt: skip
-        if prefix is not None:
-            scalars += (
-                ("vllm:prefix_cache_queries_total", "counter",
-                 "Prefix cache queries, in terms of number of queried tokens.", prefix[0]),
-                ("vllm:prefix_cache_hits_total", "counter",
-                 "Prefix cache hits, in terms of number of cached tokens.", prefix[1]),
-            )  # fmt: skip
-        for name, kind, doc, value in scalars:
-            _header(out, name, kind, doc)
-            out.append(f"{name}{{{label}}} {float(value)!r}")
-        name = "vllm:request_success_total"
-        _header(out, name, "counter", "Count of successfully processed requests.")
-        for reason, n in self.success.items():
-            out.append(f'{name}{{{label},finished_reason="{reason}"}} {float(n)!r}')
-        histograms = (
-            ("vllm:time_to_first_token_seconds",
-             "Histogram of time to first token in seconds.", self.ttft),
-            ("vllm:inter_token_latency_seconds",
-             "Histogram of inter-token latency in seconds.", self.itl),
-            ("vllm:e2e_request_latency_seconds",
-             "Histogram of e2e request latency in seconds.", self.e2e),
-            ("vllm:request_queue_time_seconds",
-             "Histogram of time spent in WAITING phase for request.", self.queue),
-        )  # fmt: skip
-        for name, doc, hist in histograms:
-            _header(out, name, "histogram", doc)
-            _histogram(out, name, label, hist)
-        out.append("")
-        return "\n".join(out)
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _header(out: list[str], name: str, kind: str, doc: str) -> None:
-    out.append(f"# HELP {name} {doc}")
-    out.append(f"# TYPE {name} {kind}")
-
-
-def _histogram(out: list[str], name: str, label: str, hist: Histogram) -> None:
-    cumulative = 0
-    for edge, n in zip(hist.edges, hist.counts, strict=False):
-        cumulative += n
-        out.append(f'{name}_bucket{{{label},le="{edge!r}"}} {float(cumulative)!r}')
-    out.append(f'{name}_bucket{{{label},le="+Inf"}} {float(hist.count)!r}')
-    out.append(f"{name}_count{{{label}}} {float(hist.count)!r}")
-    out.append(f"{name}_sum{{{label}}} {hist.sum!r}")

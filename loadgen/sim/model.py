@@ -21,10 +21,10 @@ import contextlib
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
+from loadgen.sim.dialects import DIALECTS
 from loadgen.sim.faults import FaultConfig, Faults
-from loadgen.sim.metrics import DIALECTS, EngineMetrics
+from loadgen.sim.metrics import EngineMetrics
 
 GIB = 1024**3
 MIB = 1024**2
@@ -73,7 +73,7 @@ class SimConfig:
     chat_template_tokens: int = 0
     # a local tokenizer.json (or a folder holding one): prompts are counted with it, the
     # words written are those that are one token each in it, and POST /tokenize answers
-    # (loadgen.sim.server.SimTokenizer); None: a token a word. Loaded when the server
+    # (loadgen.sim.words.SimTokenizer); None: a token a word. Loaded when the server
     # starts, not here, so a recorded config whose file has gone still decodes.
     tokenizer: str | None = None
     metrics_dialect: str = "vllm"  # vllm | sglang | tgi | llamacpp | trtllm | triton
@@ -188,10 +188,8 @@ class BatchModel:
         self.exact_running = 0  # exact-timing requests, which bypass the scheduler
         self._next_spike: float | None = None
         self._chunk_k = cfg.tokens_per_chunk
-        self.prefix_cache = None  # the server's PrefixCache, if any: /metrics shows its counts
         self._prefill_s = 0.0  # the prefill share of the step in progress
         self._growth = 0  # KV tokens the step in progress will add (one per decoding sequence)
-        self.scrape_state: dict[str, Any] = {}  # for dialects whose gauges are per scrape
         self._rng = random.Random(cfg.seed)
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # in admission order: the newest is last
@@ -230,11 +228,6 @@ class BatchModel:
         if self._step_start is None:
             return self._busy_s
         return self._busy_s + max(0.0, now - self._step_start)
-
-    def render_metrics(self, dialect: str | None = None) -> str:
-        from loadgen.sim.dialects import render
-
-        return render(dialect or self.cfg.metrics_dialect, self)
 
     def live(self) -> list[Sequence]:
         """Every request in the engine, running or waiting."""

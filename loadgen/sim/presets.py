@@ -26,7 +26,10 @@ comment says how it was reached. Common sources:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loadgen.sim.model import SimConfig
 
 GB = 1000**3
 GIB = 1024**3
@@ -114,3 +117,13 @@ def profile(name: str) -> dict[str, Any]:
     except KeyError:
         known = ", ".join(sorted(PROFILES))
         raise KeyError(f"unknown profile {name!r} (known: {known})") from None
+
+
+def describe(cfg: SimConfig, profile: str | None) -> str:
+    """The simulator in words, for a person: `PROFILE profile: N slots, KV N tokens,
+    faults name=value, …` (`default profile` without one; `no faults`). `profile`: the
+    --profile it was started from, which cfg cannot say (a flag may have overridden any
+    of its settings)."""
+    faults = cfg.faults.active()
+    return (f"{profile or 'default'} profile: {cfg.slots} slots, KV {cfg.kv_tokens:,} tokens, "
+            f"{'faults ' + ', '.join(faults) if faults else 'no faults'}")

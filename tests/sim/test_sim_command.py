@@ -58,8 +58,8 @@ def test_says_where_it_listens_with_the_real_port_profile_slots_and_faults():
         assert port != 0
         # the printed URL is where the simulator really is: it answers there, as itself
         assert _models(url) == ["m-under-test"]
-        assert "profile tiny" in what and "12 slots" in what
-        assert "faults: error_rate=0.25" in what
+        assert what == ("tiny profile: 12 slots, KV 4,096 tokens, faults error_rate=0.25; "
+                        "model m-under-test")
     finally:
         _stop(proc)
 
@@ -70,7 +70,7 @@ def test_no_faults_no_fault_list_and_announce_keeps_stdout_for_the_parent():
         assert _first_line(proc.stdout, proc).startswith("TOKENTOP_SIM_LISTENING ")
         line = _first_line(proc.stderr, proc)
         assert LISTENING.match(line), line
-        assert "no profile" in line and "faults" not in line
+        assert "default profile" in line and "no faults" in line
     finally:
         _stop(proc)
 

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import FIXTURES
 
 from loadgen.sim import SimConfig, start_sim
-from loadgen.sim.metrics import DIALECTS
+from loadgen.sim.dialects import DIALECTS
 from loadgen.worker.client import StreamingClient
 from loadgen.worker.interval import IntervalRecorder
 from probes.server_metrics import parse_metrics

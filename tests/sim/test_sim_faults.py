@@ -394,3 +394,25 @@ async def test_fault_control_is_loopback_only(sim: RunningSim) -> None:
     async with aiohttp.ClientSession() as http:  # a real loopback peer does get through
         await set_faults(http, sim, seed=5)
     assert sim.server.faults.cfg.seed == 5
+
+
+# ---- in words
+
+
+def test_active_names_every_setting_that_differs_from_no_faults_but_the_seed() -> None:
+    assert FaultConfig().active() == []
+    assert FaultConfig(seed=7).active() == []  # a seed alone injects nothing
+    cfg = FaultConfig(error_rate=0.25, stall_s=5, malformed_rate=0.1,
+                      malformed_kind="split_utf8")
+    assert cfg.active() == ["error_rate=0.25", "stall_s=5", "malformed_rate=0.1",
+                            "malformed_kind=split_utf8"]
+
+
+def test_the_simulator_described_in_words() -> None:
+    from loadgen.sim.model import SimConfig
+    from loadgen.sim.presets import describe
+
+    assert describe(SimConfig(), None) == "default profile: 32 slots, KV 65,536 tokens, no faults"
+    cfg = SimConfig(slots=8, kv_tokens=4096, faults=FaultConfig(error_rate=0.05))
+    assert describe(cfg, "tiny") == ("tiny profile: 8 slots, KV 4,096 tokens, "
+                                     "faults error_rate=0.05")

@@ -13,7 +13,7 @@ import pytest
 from support import root, running_sim, tokentop
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
-from loadgen.sim.server import WORDS, SimTokenizer
+from loadgen.sim.words import WORDS, SimTokenizer
 
 PROMPT = "the quick fox and the lazy dog"
 

@@ -184,7 +184,7 @@ async def test_conversations_show_the_prefix_cache_and_ttft_by_turn():
             plain = lambda: app.query_one("#load").plain  # noqa: E731
             await until(pilot, lambda: "prefix cache" in plain() and " 3:" in plain())
             last = app.windows.last
-            assert 0 < last.counters.cached_tokens <= sim.model.prefix_cache.hits
+            assert 0 < last.counters.cached_tokens <= sim.server.prefix_cache.hits
             assert "TTFT ms by turn 1:" in plain()
             source = app.source
             await quit_and_wait(pilot, source)

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from loadgen.run.preflight import find_tokenize, resolve_lengths
 from loadgen.sim import SimConfig, start_sim
-from loadgen.sim.server import WORDS
+from loadgen.sim.words import WORDS
 from loadgen.worker.tokenizer import path_lengths
 from loadgen.worker.workload import _VOCAB, LengthDist, RequestFactory, Workload
 

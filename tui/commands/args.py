@@ -329,7 +329,7 @@ def add_sim_arguments(parser: argparse.ArgumentParser, *, listen: bool = True) -
     still wins; sim_config resolves them (flag > profile > SimConfig default).
     """
     from loadgen.sim.presets import PROFILES
-    from loadgen.sim.server import ANNOUNCE
+    from loadgen.sim.program import ANNOUNCE
 
     def port(text: str) -> int:
         # refused here: a port above 65535 was cut to 16 bits (99999 → 34463) on the way
@@ -362,7 +362,7 @@ def add_sim_arguments(parser: argparse.ArgumentParser, *, listen: bool = True) -
 
 
 def _add_model_arguments(g: argparse._ArgumentGroup) -> None:
-    from loadgen.sim.metrics import DIALECTS
+    from loadgen.sim.dialects import DIALECTS
     from loadgen.sim.model import SimConfig
 
     d = SimConfig()
@@ -457,7 +457,7 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
     })
     cfg = SimConfig(**values)
     if cfg.tokenizer is not None:
-        from loadgen.sim.server import SimTokenizer
+        from loadgen.sim.words import SimTokenizer
 
         SimTokenizer(cfg.tokenizer)  # loads it and picks its words now: ValueError in words
     return cfg

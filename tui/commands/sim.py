@@ -2,8 +2,9 @@
 
     tokentop sim --port 8000 [--profile llama3-8b-h100] [--slots 16] [--fault-error-rate 0.01]
 
-Once listening it prints one line: the URL (the real port when --port 0), the profile,
-the slots and the faults that are on.
+Once listening it prints one line: the URL (the real port when --port 0), then the
+simulator in words (loadgen.sim.presets.describe: profile, slots, KV budget, the fault
+settings given) and the served model name.
 
 Its flags are built and read in tui/commands/args.py (add_sim_arguments, sim_config),
 where the console's `--sim-profile` / `--sim-arg` are read by the same parser.
@@ -35,7 +36,7 @@ def sim_parser() -> argparse.ArgumentParser:
 
 
 def _serve(cfg, args: argparse.Namespace) -> int:
-    from loadgen.sim.server import serve_forever
+    from loadgen.sim.program import serve_forever
 
     return serve_forever(cfg, host=args.host, port=args.port, announce=args.announce,
                          exit_with_parent=args.exit_with_parent, profile=args.profile)
