@@ -30,7 +30,7 @@ from msgspec import inspect as mi
 
 from loadgen.model.slo import SloError, Slos, parse_slos
 from loadgen.worker.dataset import Dataset, DatasetError
-from loadgen.worker.workload import LengthDist, WorkloadError
+from loadgen.worker.distributions import LengthDist, WorkloadError
 
 PLAN_VERSION = 1
 # Load goes on this long after the last fault ends, so the recovery is seen: an outage is

@@ -18,11 +18,12 @@ from loadgen.model.slo import Slo, SloError, Slos, parse_slos, parse_us
 from loadgen.run.ramp import Ramp, RampError
 from loadgen.sim.model import SimConfig
 from loadgen.worker.dataset import Dataset, DatasetError, check, longest_words
+from loadgen.worker.distributions import LengthDist, ThinkTime, WorkloadError
 from loadgen.worker.load import Arrivals
 from loadgen.worker.tokenizer import TOKENIZER_CHOICES, Lengths, TokenizerError, load_tokenizer
 from loadgen.worker.trace import TraceError, read_trace
 from loadgen.worker.wire import Cancelling, LoadSpec
-from loadgen.worker.workload import LengthDist, ThinkTime, Workload, WorkloadError
+from loadgen.worker.workload import Workload
 
 
 class ConfigError(ValueError):

@@ -22,7 +22,7 @@ from loadgen.worker.tokenizer import (
     one_token_words,
     path_lengths,
 )
-from loadgen.worker.workload import _VOCAB as PROMPT_WORDS  # what synthetic prompts draw on
+from loadgen.worker.workload import PROMPT_WORDS  # what synthetic prompts draw on
 
 
 class TargetError(Exception):

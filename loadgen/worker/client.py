@@ -17,6 +17,10 @@ fresh one, and the request keeps its first clock (its user waited for both).
 Streams in flight that have received no byte for STALL_AFTER_S are `stalled()`:
 a frozen server (SIGSTOP, a hung engine) keeps its sockets open and sends
 nothing, which no error would ever show.
+
+The clock, the limit, the cancel and timeout endings and `stalled()` are the request
+envelope's (loadgen.worker.envelope), the same for `--client openai`; this module keeps
+what is the raw transport's own: connections, and the HTTP answer's classification.
 """
 
 from __future__ import annotations
@@ -24,13 +28,12 @@ from __future__ import annotations
 import asyncio
 import errno
 from collections.abc import Callable
-from time import perf_counter, time_ns
+from time import perf_counter
 
 import msgspec
 
-from loadgen.model.outage import STALL_AFTER_S
 from loadgen.model.slo import Slo
-from loadgen.worker.conversation import ConversationMeasure, Turn
+from loadgen.worker.envelope import RequestEnvelope
 from loadgen.worker.http_stream import Endpoint, Outcome, StreamConnection, open_connection
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.sse import Chunk
@@ -39,8 +42,10 @@ from loadgen.worker.stream_measure import StreamMeasure
 CONNECT_TIMEOUT_S = 10.0
 
 
-class StreamingClient:
-    """Sends prepared request bodies to one endpoint and records what comes back."""
+class StreamingClient(RequestEnvelope[bytes]):
+    """Sends prepared request bodies to one endpoint and records what comes back: the
+    envelope (loadgen.worker.envelope) around each request, connections kept and reused,
+    and the HTTP answer classified."""
 
     def __init__(
         self,
@@ -53,107 +58,66 @@ class StreamingClient:
         calibrate: bool = False,
         chunk_tokens: Callable[[Chunk], int] | None = None,
     ) -> None:
+        super().__init__(rec, timeout=timeout, slo=slo, calibrate=calibrate,
+                         chunk_tokens=chunk_tokens)
         self.url = url
-        # a local tokenizer's count of a chunk's tokens, for streams without per-chunk usage
-        self.chunk_tokens = chunk_tokens
         self.endpoint = Endpoint(url, authorization)
-        self.rec = rec
-        self.timeout = timeout
-        self.slo = slo
-        self.calibrate = calibrate  # compare with the exact-timing simulator's send stamps
-        self.in_flight = 0
         self._idle: list[StreamConnection] = []
-        self._live: set[StreamMeasure] = set()  # the streams in flight, for stalled()
 
-    async def request(
-        self,
-        body: bytes,
-        prompt_words: int,
-        t_intended: float | None = None,
-        cancel_after_tokens: int | None = None,
-        cancel_after_s: float | None = None,
-        asked_out: int = 0,
-        turn: Turn | None = None,
-    ) -> bool:
-        """One streamed request; never raises except CancelledError (counted first).
+    def _prepare(self, body: bytes) -> bytes:
+        return self.endpoint.request_bytes(body)
 
-        Returns False when the server could not be reached at all, so that a closed-loop
-        user backs off instead of spinning on refused connections. `asked_out`: the output
-        length asked exactly (a count that differs is counted); `turn`: a conversation's
-        turn, which the measure fills in (its reply's text, whether it completed)."""
-        self.in_flight += 1
-        payload = self.endpoint.request_bytes(body)
+    async def _send(self, payload: bytes, measure: StreamMeasure) -> bool:
         conn: StreamConnection | None = None
-        limit = self.timeout if cancel_after_s is None else min(self.timeout, cancel_after_s)
-        # the clock starts before the connection: opening one is part of the user's wait; the
-        # wall stamp is taken beside it, so the simulator's send stamps compare with the same
-        t0 = perf_counter()
-        t0_ns = time_ns() if self.calibrate else None
-        if t_intended is not None:
-            self.rec.lag.append(max(0.0, (t0 - t_intended) * 1e6))
-        measure = (StreamMeasure if turn is None else ConversationMeasure)(
-            self.rec, t0, prompt_words, t_intended=t_intended, slo=self.slo,
-            t0_wall_ns=t0_ns, cancel_after_tokens=cancel_after_tokens,
-            chunk_tokens=self.chunk_tokens, asked_out=asked_out, turn=turn,
-        )
-        self._live.add(measure)
         try:
-            async with asyncio.timeout(limit):
-                for attempt in (0, 1):
-                    conn, reused = await self._connection()
-                    outcome = await conn.send(payload, measure)
-                    # A kept-alive connection the server had just closed: try once more,
-                    # fresh. No byte came, so the measure is untouched and goes on as is.
-                    if reused and attempt == 0 and _closed_before_answer(outcome, conn):
-                        continue
-                    break
-            self._classify(outcome, measure)
-            if not conn.closed:
-                self._idle.append(conn)
-        except asyncio.CancelledError:
+            for attempt in (0, 1):
+                # a kept-alive connection is taken without a coroutine: the common case
+                conn = self._kept()
+                reused = conn is not None
+                if conn is None:
+                    conn = await self._open()
+                outcome = await conn.send(payload, measure)
+                # A kept-alive connection the server had just closed: try once more,
+                # fresh. No byte came, so the measure is untouched and goes on as is.
+                if reused and attempt == 0 and _closed_before_answer(outcome, conn):
+                    continue
+                break
+        except (asyncio.CancelledError, TimeoutError):
             if conn is not None:
-                conn.abort()
-            self.rec.error("cancelled", "request cancelled before it finished")
+                conn.abort()  # mid-answer: the connection cannot carry another request
             raise
-        except TimeoutError:
-            if conn is not None:
-                conn.abort()
-            if limit < self.timeout:
-                self.rec.error("cancelled", f"abandoned by the client after {limit:g} s")
-            else:
-                self.rec.error("timeout", f"no complete answer within {self.timeout:g} s")
         except OSError as e:
-            if e.errno in (errno.EMFILE, errno.ENFILE):  # our limit, not the server's fault
-                self.rec.error("client_fd_limit", f"no socket for a new stream: {_reason(e)} "
-                               "(ulimit -n): lower the load or raise the limit")
-            else:
-                self.rec.error("connect", f"cannot connect to {self.url}: {_reason(e)}")
+            self._connect_error(e)
             return False
-        finally:
-            self.in_flight -= 1
-            self._live.discard(measure)
-            # however it ended, what it had measured counts (finish() has done it already;
-            # end() is idempotent)
-            measure.end()
+        self._classify(outcome, measure)
+        if not conn.closed:
+            self._idle.append(conn)
         return True
 
-    def stalled(self, now: float) -> int:
-        """Streams in flight with no byte for STALL_AFTER_S (one still waiting for its
-        connection counts from its start)."""
-        return sum(1 for m in self._live if now - m.seen >= STALL_AFTER_S)
-
-    async def _connection(self) -> tuple[StreamConnection, bool]:
-        while self._idle:
-            conn = self._idle.pop()
+    def _kept(self) -> StreamConnection | None:
+        """A kept-alive connection still open, if any."""
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
             if not conn.closed:
-                return conn, True
+                return conn
+        return None
+
+    async def _open(self) -> StreamConnection:
         t = perf_counter()
         try:
             conn = await open_connection(self.endpoint, CONNECT_TIMEOUT_S)
         except TimeoutError:
             raise OSError(f"no connection within {CONNECT_TIMEOUT_S:g} s") from None
         self.rec.connect.append((perf_counter() - t) * 1e6)
-        return conn, False
+        return conn
+
+    def _connect_error(self, e: OSError) -> None:
+        if e.errno in (errno.EMFILE, errno.ENFILE):  # our limit, not the server's fault
+            self.rec.error("client_fd_limit", f"no socket for a new stream: {_reason(e)} "
+                           "(ulimit -n): lower the load or raise the limit")
+        else:
+            self.rec.error("connect", f"cannot connect to {self.url}: {_reason(e)}")
 
     def _classify(self, out: Outcome, measure: StreamMeasure) -> None:
         if out.kind == "recorded":

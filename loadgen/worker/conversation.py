@@ -15,24 +15,14 @@ next request starts a new conversation.
 The asked prompt length of turn n is the history's: the user messages' asked lengths plus
 the replies' output tokens as the server counted them (the chat template excluded, as for
 single requests), so `input_per_request` compares it with the server's count as ever.
+
+A turn in flight (Turn) is what its request measured, so it lives with the measure in
+loadgen.worker.stream_measure.
 """
 
 from __future__ import annotations
 
-from loadgen.worker.stream_measure import StreamMeasure
-
-
-class Turn:
-    """One turn in flight: its number (1 for a conversation's first), and what the stream
-    filled in: the reply's text, whether it completed, its output tokens."""
-
-    __slots__ = ("completion_tokens", "number", "ok", "reply")
-
-    def __init__(self, number: int) -> None:
-        self.number = number
-        self.reply: list[str] = []
-        self.ok = False
-        self.completion_tokens = 0
+from loadgen.worker.stream_measure import Turn
 
 
 class Conversation:
@@ -67,19 +57,3 @@ class Conversation:
         self.messages.append({"role": "assistant", "content": "".join(turn.reply)})
         self.asked += turn.completion_tokens
 
-
-class ConversationMeasure(StreamMeasure):
-    """A StreamMeasure that also keeps the answer's text (the history of the next turn):
-    a subclass, so that single requests pay nothing for it."""
-
-    __slots__ = ()
-
-    def _chunk(self, chunk, now: float) -> bool:
-        reply = self.turn.reply
-        for c in chunk.choices:
-            d = c.delta
-            if d is not None and d.content:
-                reply.append(d.content)
-            elif c.text:
-                reply.append(c.text)
-        return super()._chunk(chunk, now)

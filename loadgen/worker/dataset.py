@@ -32,12 +32,10 @@ import random
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgspec
 
-if TYPE_CHECKING:
-    from loadgen.worker.workload import LengthDist
+from loadgen.worker.distributions import LengthDist
 
 FILE_KINDS = ("text", "sharegpt", "jsonl")
 KINDS_TEXT = "synthetic, text:FILE, sharegpt:FILE or jsonl:FILE"

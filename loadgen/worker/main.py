@@ -18,11 +18,12 @@ from collections.abc import Callable
 
 from loadgen.worker import eventloop, wire
 from loadgen.worker.client import StreamingClient
-from loadgen.worker.conversation import Conversation, Turn
+from loadgen.worker.conversation import Conversation
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.limits import raise_open_file_limit
 from loadgen.worker.load import ClosedLoop, OpenLoop, Schedule
 from loadgen.worker.sse import Chunk
+from loadgen.worker.stream_measure import Turn
 from loadgen.worker.trace import read_trace
 from loadgen.worker.workload import Prepared, RequestFactory
 
@@ -221,15 +222,13 @@ def make_client(cfg: wire.Configure, url: str, rec: IntervalRecorder,
                 chunk_tokens: Callable[[Chunk], int] | None = None):
     """The client; `chunk_tokens` (a local tokenizer's count of a chunk's tokens) counts
     them when the server sends no per-chunk usage."""
+    kw = {"authorization": cfg.authorization, "timeout": cfg.request_timeout, "slo": cfg.slo,
+          "calibrate": cfg.calibrate, "chunk_tokens": chunk_tokens}
     if cfg.client == "openai":
         from loadgen.worker.openai_client import OpenAIClient
 
-        return OpenAIClient(url, rec, authorization=cfg.authorization,
-                            timeout=cfg.request_timeout, slo=cfg.slo, chunk_tokens=chunk_tokens)
-    return StreamingClient(
-        url, rec, authorization=cfg.authorization, timeout=cfg.request_timeout, slo=cfg.slo,
-        calibrate=cfg.calibrate, chunk_tokens=chunk_tokens,
-    )
+        return OpenAIClient(url, rec, **kw)
+    return StreamingClient(url, rec, **kw)
 
 
 async def _stdio() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -21,13 +21,17 @@ In open loop the same request is also measured from its *intended* send time
 (coordinated-omission corrected, as wrk2 does): `ttft_co`, `e2e_co`, and the
 lag between intended and actual send is `lag`; goodput (the SLO) is judged on
 those.
+
+What a request measured is all here: StreamMeasure, and for a conversation's turn
+(loadgen.worker.conversation) the Turn it fills in (the reply's text, whether it completed,
+its output tokens) through ConversationMeasure. Both clients build their measure in
+loadgen.worker.envelope.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -36,10 +40,20 @@ from loadgen.model.slo import Slo
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.sse import DONE, Chunk, SseParser, chunk_decoder
 
-if TYPE_CHECKING:
-    from loadgen.worker.conversation import Turn
-
 US = 1e6
+
+
+class Turn:
+    """One turn of a conversation in flight: its number (1 for a conversation's first), and
+    what its measure filled in: the reply's text, whether it completed, its output tokens."""
+
+    __slots__ = ("completion_tokens", "number", "ok", "reply")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.reply: list[str] = []
+        self.ok = False
+        self.completion_tokens = 0
 
 
 class StreamMeasure:
@@ -117,7 +131,7 @@ class StreamMeasure:
     ) -> None:
         self.rec = rec
         self.asked_out = asked_out  # the output length asked exactly (0: none asked)
-        self.turn = turn  # a conversation's turn (loadgen.worker.conversation), else None
+        self.turn = turn  # a conversation's turn (ConversationMeasure fills it), else None
         # a local tokenizer's count of a chunk's tokens (None: none loaded); used only when
         # the stream turns out to have no per-chunk usage (`counted`)
         self.count_tokens = chunk_tokens
@@ -419,6 +433,23 @@ class StreamMeasure:
     @property
     def started(self) -> bool:
         return self.k_total > 0
+
+
+class ConversationMeasure(StreamMeasure):
+    """A StreamMeasure that also keeps the answer's text (the history of the next turn):
+    a subclass, so that single requests pay nothing for it."""
+
+    __slots__ = ()
+
+    def _chunk(self, chunk, now: float) -> bool:
+        reply = self.turn.reply
+        for c in chunk.choices:
+            d = c.delta
+            if d is not None and d.content:
+                reply.append(d.content)
+            elif c.text:
+                reply.append(c.text)
+        return super()._chunk(chunk, now)
 
 
 _ONE = array("d", [1.0])

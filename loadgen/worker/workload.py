@@ -8,12 +8,7 @@ the prefix length says, and no more. With `--tokenizer` (loadgen.worker.tokenize
 the words are ones that are one token each, the serial is written in them too, and
 a prompt is exactly the asked length.
 
-Lengths come from a distribution given as text:
-  128                fixed
-  uniform:64:256     uniform between the two
-  normal:128:32      mean, standard deviation
-  lognormal:128:0.5  median, sigma of the underlying normal
-All are clamped to at least 1 token.
+Lengths (and think times) are drawn from loadgen.worker.distributions.
 
 Prompts from files (raw text windows, ShareGPT, JSONL) are loadgen.worker.dataset's;
 each worker cycles through a file's prompts from its own offset.
@@ -21,14 +16,13 @@ each worker cycles through a file's prompts from its own offset.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import msgspec
 
-from loadgen.worker.conversation import Conversation, Turn
+from loadgen.worker.conversation import Conversation
 from loadgen.worker.dataset import (
     Conversations,
     Dataset,
@@ -37,9 +31,13 @@ from loadgen.worker.dataset import (
     open_source,
     resolved,
 )
+from loadgen.worker.distributions import LengthDist, ThinkTime
+from loadgen.worker.stream_measure import Turn
 from loadgen.worker.tokenizer import ChunkTokens, load_tokenizer
 
-_VOCAB = (
+# the words synthetic prompts draw on (without --tokenizer's one-token words); preflight
+# asks the server which of them are one token each
+PROMPT_WORDS = (
     "the of and to in is was for on that with as by at from his her they this which are "
     "be or had an were but not have one all their there been has when who will more no if "
     "out so said what up its about into than them can only other new some could time "
@@ -48,96 +46,9 @@ _VOCAB = (
     "should because each just those people"
 ).split()
 
-DIST_KINDS = ("fixed", "uniform", "normal", "lognormal")
 # a trace's prefix blocks kept made (each a list of 512 words: 4 KB of pointers), so that
 # the blocks requests share are not drawn again for every request
 BLOCKS_KEPT = 1024
-
-
-class WorkloadError(ValueError):
-    """A workload setting or prompt file that cannot be used; the text says why."""
-
-
-def _parse_dist(text: str | int, what: str, example: str, minimum: float) -> tuple:
-    """(kind, a, b) of a distribution's text (module docstring), values ≥ `minimum`."""
-    parts = str(text).strip().split(":")
-    try:
-        if len(parts) == 1:  # a plain number is a fixed value, checked below like any
-            kind, values = "fixed", [float(parts[0])]
-        else:
-            kind, *nums = parts
-            values = [float(x) for x in nums]
-    except ValueError:
-        raise WorkloadError(f"bad {what} {text!r}: use e.g. {example}") from None
-    if kind not in DIST_KINDS or len(values) != (1 if kind == "fixed" else 2):
-        raise WorkloadError(f"bad {what} {text!r}: kinds are {', '.join(DIST_KINDS)}")
-    if values[0] < minimum or (kind == "uniform" and values[1] < values[0]):
-        raise WorkloadError(f"bad {what} {text!r}: values must be ≥ {minimum:g} and "
-                            "low ≤ high")
-    return kind, values[0], values[1] if len(values) > 1 else 0.0
-
-
-def _draw(kind: str, a: float, b: float, rng: random.Random) -> float:
-    if kind == "fixed":
-        return a
-    if kind == "uniform":
-        return rng.uniform(a, b)
-    if kind == "normal":
-        return rng.gauss(a, b)
-    return rng.lognormvariate(math.log(a), b) if a > 0 else 0.0
-
-
-def _describe(kind: str, a: float, b: float) -> str:
-    return f"{a:g}" if kind == "fixed" else f"{kind}:{a:g}:{b:g}"
-
-
-class LengthDist(msgspec.Struct, frozen=True):
-    kind: str = "fixed"
-    a: float = 128.0
-    b: float = 0.0
-
-    @classmethod
-    def parse(cls, text: str | int) -> LengthDist:
-        kind, a, b = _parse_dist(text, "length", "128, uniform:64:256, normal:128:32 or "
-                                 "lognormal:128:0.5", 1)
-        if kind == "fixed" and a != int(a):
-            raise WorkloadError(f"bad length {text!r}: a fixed length is a whole number")
-        return cls(kind, a, b)
-
-    def draw(self, rng: random.Random) -> int:
-        return max(1, round(_draw(self.kind, self.a, self.b, rng)))
-
-    @property
-    def mean(self) -> float:
-        if self.kind == "uniform":
-            return (self.a + self.b) / 2
-        if self.kind == "lognormal":
-            return self.a * math.exp(self.b**2 / 2)
-        return self.a
-
-    def __str__(self) -> str:
-        return _describe(self.kind, self.a, self.b)
-
-
-class ThinkTime(msgspec.Struct, frozen=True):
-    """Seconds a user of a conversation waits before its next turn (`--think-time`), the
-    same forms as the lengths (2, uniform:1:3, lognormal:2:0.5), clamped at 0."""
-
-    kind: str = "fixed"
-    a: float = 0.0
-    b: float = 0.0
-
-    @classmethod
-    def parse(cls, text: str) -> ThinkTime:
-        text = str(text).strip()
-        return cls(*_parse_dist(text.removesuffix("s") if ":" not in text else text,
-                                "think time", "2, 0.5s, uniform:1:3 or lognormal:2:0.5", 0))
-
-    def draw(self, rng: random.Random) -> float:
-        return max(0.0, _draw(self.kind, self.a, self.b, rng))
-
-    def __str__(self) -> str:
-        return _describe(self.kind, self.a, self.b) + " s"
 
 
 class Workload(msgspec.Struct, kw_only=True, frozen=True):
@@ -201,7 +112,7 @@ class RequestFactory:
         # --tokenizer: words one token each (exact prompts), else a local tokenizer to cut
         # prompts to length, else about one token a word (approx.); the local tokenizer also
         # counts the tokens of each chunk when the server sends no per-chunk usage
-        self.words = workload.one_token_words or _VOCAB
+        self.words = workload.one_token_words or PROMPT_WORDS
         self.tokenizer = load_tokenizer(workload.tokenizer) if workload.tokenizer else None
         self.chunk_tokens = ChunkTokens(self.tokenizer) if self.tokenizer else None
         source = resolved(workload.dataset, workload.prompts_file)
@@ -348,7 +259,7 @@ class RequestFactory:
         shared = 0 if bare else self.w.shared_prefix
         words = [self.prefix] if self.prefix and not bare else []
         words.append(f"r{self.worker_index}-{self.serial}")
-        words += self.rng.choices(_VOCAB, k=max(0, n - 1 - shared))
+        words += self.rng.choices(PROMPT_WORDS, k=max(0, n - 1 - shared))
         text = " ".join(words)
         if self.tokenizer is not None:
             return self._trimmed(text, n)

@@ -15,7 +15,8 @@ from support import running_sim, tokentop
 
 from loadgen.run.config import ConfigError, RunConfig
 from loadgen.worker.dataset import Dataset, DatasetError
-from loadgen.worker.workload import LengthDist, RequestFactory, Workload
+from loadgen.worker.distributions import LengthDist
+from loadgen.worker.workload import RequestFactory, Workload
 
 WORDS = [f"w{i}" for i in range(1000)]  # unique, so a window's place in the file is known
 

@@ -19,8 +19,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from loadgen.run.preflight import find_tokenize, resolve_lengths
 from loadgen.sim import SimConfig, start_sim
 from loadgen.sim.words import WORDS
+from loadgen.worker.distributions import LengthDist
 from loadgen.worker.tokenizer import path_lengths
-from loadgen.worker.workload import _VOCAB, LengthDist, RequestFactory, Workload
+from loadgen.worker.workload import PROMPT_WORDS, RequestFactory, Workload
 
 ASKED = 100
 PREFIX = 10
@@ -30,7 +31,7 @@ def train(path: Path, *, across_spaces: bool = False) -> Path:
     """A tiny byte-level BPE on sentences holding the prompt vocabulary and the simulator's
     words, each alone, at a start and after a space (so each is one token in every place).
     `across_spaces`: no pre-tokenizer, so merges span words (their counts do not add up)."""
-    words = [*_VOCAB, *(w.strip() for w in WORDS)]
+    words = [*PROMPT_WORDS, *(w.strip() for w in WORDS)]
     sentences = [" ".join(words), " " + " ".join(words), *(f"{w} {w}" for w in words)]
     tok = Tokenizer(models.BPE())
     if across_spaces:
@@ -118,7 +119,7 @@ async def test_tokens_per_chunk_without_usage_give_the_true_per_token_itl(tokeni
 
 async def test_a_tokenizer_that_merges_across_spaces_cuts_prompts_to_length(tmp_path):
     path = train(tmp_path / "merging", across_spaces=True)
-    lengths = await path_lengths(str(path), _VOCAB)
+    lengths = await path_lengths(str(path), PROMPT_WORDS)
     assert lengths.words == () and "encode-and-trim" in lengths.note
     factory = RequestFactory(Workload(model="m", api="completions", tokenizer=lengths.tokenizer,
                                       input_tokens=LengthDist.parse("40")))
@@ -166,7 +167,7 @@ async def test_a_llamacpp_tokenize_endpoint_is_found_and_used(tokenizer):
             lengths = await resolve_lengths(s, base, "m", "server", None)
     finally:
         await runner.cleanup()
-    assert lengths.source == "server" and len(lengths.words) == len(set(_VOCAB))
+    assert lengths.source == "server" and len(lengths.words) == len(set(PROMPT_WORDS))
     assert len(asked) < 300  # a few hundred calls at most
     factory = RequestFactory(Workload(model="m", api="completions", one_token_words=lengths.words,
                                       input_tokens=LengthDist.parse("uniform:10:300")))
