@@ -19,22 +19,9 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, Static
 from textual_plotext import PlotextPlot
 
-from loadgen.model import hdr
+from loadgen.model import hdr, units
 from loadgen.model.snapshot import Event, GpuSample, Snapshot, to_json
-from tui.format import (
-    MUTED,
-    NA,
-    NO_SAMPLES,
-    fmt_bytes,
-    fmt_bytes_pair,
-    fmt_clock,
-    fmt_count,
-    fmt_ms,
-    fmt_pct,
-    fmt_rate,
-    literal,
-    tidy,
-)
+from tui.format import MUTED, NO_SAMPLES, literal, tidy
 from tui.view import View
 from tui.widgets.header_bar import HeaderBar
 from tui.widgets.latency_panel import ROWS, WINDOW_NAMES
@@ -227,7 +214,7 @@ class DistributionScreen(DetailScreen):
                  f"[{MUTED}]{header}[/]"]
         for metric, label in ROWS:
             values = curves.get(metric, [None] * len(PERCENTILES))
-            cells = "".join(fmt_ms(v, missing=NO_SAMPLES).rjust(9) for v in values)
+            cells = "".join(units.ms(v, missing=NO_SAMPLES).rjust(9) for v in values)
             lines.append(f"[b]{label:<6}[/]{cells}")
         self._plot(curves)
         return "\n".join(lines)
@@ -269,29 +256,31 @@ def gpu_detail(g: GpuSample) -> list[str]:
 
     if g.uuid:
         lines.append(row("uuid", literal(g.uuid)))
-    lines.append(row("memory", fmt_bytes_pair(g.memory_used_bytes, g.memory_total_bytes)))
-    lines.append(row("utilisation", fmt_pct(g.utilization_pct)))
-    pw = NA if g.power_w is None else f"{g.power_w:.0f} W"
+    lines.append(row("memory", units.bytes_pair(g.memory_used_bytes, g.memory_total_bytes)))
+    lines.append(row("utilisation", units.pct(g.utilization_pct, whole=100)))
+    pw = units.NA if g.power_w is None else f"{g.power_w:.0f} W"
     limit = "" if g.power_limit_w is None else f" of {g.power_limit_w:.0f} W"
     lines.append(row("power", pw + limit))
-    lines.append(row("temperature", NA if g.temperature_c is None else f"{g.temperature_c:.0f} °C"))
-    lines.append(row("energy", NA if g.energy_j is None else f"{g.energy_j / 3.6e6:.3f} kWh"))
-    sm = NA if g.sm_clock_mhz is None else f"{g.sm_clock_mhz:.0f} MHz"
-    mem = NA if g.mem_clock_mhz is None else f"{g.mem_clock_mhz:.0f} MHz"
+    temp = units.NA if g.temperature_c is None else f"{g.temperature_c:.0f} °C"
+    lines.append(row("temperature", temp))
+    lines.append(row("energy", units.NA if g.energy_j is None else f"{g.energy_j / 3.6e6:.3f} kWh"))
+    sm = units.NA if g.sm_clock_mhz is None else f"{g.sm_clock_mhz:.0f} MHz"
+    mem = units.NA if g.mem_clock_mhz is None else f"{g.mem_clock_mhz:.0f} MHz"
     lines.append(row("clocks", f"SM {sm} · memory {mem}"))
-    reasons = NA if g.throttle_reasons is None else (", ".join(g.throttle_reasons) or "none")
+    reasons = units.NA if g.throttle_reasons is None else (", ".join(g.throttle_reasons) or "none")
     lines.append(row("clock events", literal(reasons)))
     if g.pcie_tx_kbs is not None or g.pcie_rx_kbs is not None:
-        tx = NA if g.pcie_tx_kbs is None else f"{g.pcie_tx_kbs / 1024:.1f} MB/s"
-        rx = NA if g.pcie_rx_kbs is None else f"{g.pcie_rx_kbs / 1024:.1f} MB/s"
+        tx = units.NA if g.pcie_tx_kbs is None else f"{g.pcie_tx_kbs / 1024:.1f} MB/s"
+        rx = units.NA if g.pcie_rx_kbs is None else f"{g.pcie_rx_kbs / 1024:.1f} MB/s"
         lines.append(row("PCIe", f"tx {tx} · rx {rx}"))
     if g.ecc_corrected is not None or g.ecc_uncorrected is not None:
-        lines.append(row("ECC", f"corrected {fmt_count(g.ecc_corrected)} · "
-                                f"uncorrected {fmt_count(g.ecc_uncorrected)}"))
+        lines.append(row("ECC", f"corrected {units.count(g.ecc_corrected)} · "
+                                f"uncorrected {units.count(g.ecc_uncorrected)}"))
     if g.mig:
         lines.append(row("MIG", literal(", ".join(g.mig))))
     for p in g.processes or []:
-        lines.append(row("process", f"{p.pid} {literal(p.name or '')} {fmt_bytes(p.used_bytes)}"))
+        used = units.bytes_(p.used_bytes)
+        lines.append(row("process", f"{p.pid} {literal(p.name or '')} {used}"))
     if g.message:
         lines.append(row("note", f"[$warning]{literal(g.message)}[/]"))
     return lines
@@ -307,9 +296,9 @@ class GpuScreen(DetailScreen):
         if status.driver:
             head += f"  [{MUTED}]driver[/] {literal(status.driver)}"
         if status.poll_ms is not None:
-            head += f"  [{MUTED}]poll[/] {status.poll_ms:.1f} ms"
+            head += f"  [{MUTED}]poll[/] {units.ms(units.us_of_ms(status.poll_ms))}"
         tpj = snap.efficiency.tokens_per_joule if snap.efficiency else None
-        head += f"  [{MUTED}]tokens per joule[/] {NA if tpj is None else f'{tpj:.2f}'}"
+        head += f"  [{MUTED}]tokens per joule[/] {units.NA if tpj is None else f'{tpj:.2f}'}"
         lines = [head]
         if status.message:
             lines.append(f"[$warning]{literal(status.message)}[/]")
@@ -328,23 +317,23 @@ def error_lines(snap: Snapshot | None, ten_errors: dict[str, int], ten_s: float,
         lines.append(f"[{MUTED}]no errors in this run[/]")
     for k in kinds:
         recent = ten_errors.get(k, 0)
-        rate = fmt_rate(recent / ten_s) if ten_s > 0 else NA
+        rate = units.rate(recent / ten_s) if ten_s > 0 else units.NA
         colour = "$error" if recent else "$foreground"
-        lines.append(f"[{colour}]{literal(k):<22}[/]{fmt_count(total.get(k, 0)):>12}"
+        lines.append(f"[{colour}]{literal(k):<22}[/]{units.count(total.get(k, 0)):>12}"
                      f"{recent:>12}{rate:>9}")
     if snap is not None:
         c = snap.counters
         lines.append("")
-        lines.append(f"[{MUTED}]requests[/] ok {fmt_count(c.requests_ok)} · failed "
-                     f"{fmt_count(c.requests_failed)} · cancelled "
-                     f"{fmt_count(c.requests_cancelled)}")
+        lines.append(f"[{MUTED}]requests[/] ok {units.count(c.requests_ok)} · failed "
+                     f"{units.count(c.requests_failed)} · cancelled "
+                     f"{units.count(c.requests_cancelled)}")
     lines.append("")
     lines.append("[b]last messages[/]")
     shown = list(messages)
     if not shown:
         lines.append(f"[{MUTED}]none yet[/]")
     for e in shown:
-        lines.append(f"[{MUTED}]{fmt_clock(e.t)}[/] [$error]{literal(e.message)}[/]")
+        lines.append(f"[{MUTED}]{units.clock(e.t)}[/] [$error]{literal(e.message)}[/]")
     return lines
 
 

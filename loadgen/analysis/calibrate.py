@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from loadgen.model import hdr
+from loadgen.model import hdr, units
 from loadgen.model.snapshot import Control, Snapshot
 from loadgen.run.config import ConfigError, RunConfig
 from loadgen.run.session import Session, SessionError
@@ -176,26 +176,33 @@ def _intended(streams: int, plan: CalibratePlan) -> float:
 
 
 def _ms3(s: hdr.Summary) -> str:
+    """A timing error's p50/p99/max in ms to the µs: the instrument's own reading, finer
+    than units.ms (which the verdict's words use), as the 1 ms budget is judged on it."""
     if not s["count"]:
-        return "–"
+        return units.NA
     return "/".join(f"{s[k] / 1000:.3f}" for k in ("p50", "p99", "max"))
 
 
 def _row(step: Step, plan: CalibratePlan) -> str:
-    cpu = f"{step.us_per_chunk:.1f}" if step.us_per_chunk is not None else "–"
+    cpu = f"{step.us_per_chunk:.1f}" if step.us_per_chunk is not None else units.NA
     flag = ("" if step.within_budget() else "  ✗") + (
         "  short of rate" if short_of_rate(step, plan) else "")
     return (
         f"{step.streams:>7}  {step.chunks_s:>9.0f} {_intended(step.streams, plan):>9.0f}  "
         f"{cpu:>8}  {_ms3(hdr.summarize(step.ttft_err)):>25}  "
-        f"{_ms3(hdr.summarize(step.itl_err)):>24}  {step.worst_lag_ms:>6.1f}ms{flag}"
+        f"{_ms3(hdr.summarize(step.itl_err)):>24}  {_lag(step):>8}{flag}"
     )
+
+
+def _lag(step: Step) -> str:
+    return units.ms(units.us_of_ms(step.worst_lag_ms))
 
 
 def _intro(plan: CalibratePlan, workers: int) -> str:
     return (
-        f"tokentop calibrate: exact-timing simulator (TTFT {plan.ttft_ms:g} ms, gap "
-        f"{plan.itl_ms:g} ms, {plan.output_tokens} tokens a request), {plan.client} client, "
+        f"tokentop calibrate: exact-timing simulator (TTFT {units.ms(plan.ttft_ms * 1e3)}, gap "
+        f"{units.ms(plan.itl_ms * 1e3)}, {plan.output_tokens} tokens a request), "
+        f"{plan.client} client, "
         f"{workers} worker(s); error = measured − what the server's send stamps say"
     )
 
@@ -214,7 +221,7 @@ def short_of_rate(step: Step, plan: CalibratePlan) -> bool:
 
 def shortfall(step: Step, plan: CalibratePlan) -> str:
     wanted = _intended(step.streams, plan)
-    return (f"it drove only {step.chunks_s / wanted:.0%} of the intended {wanted:,.0f} "
+    return (f"it drove only {units.pct(step.chunks_s / wanted)} of the intended {wanted:,.0f} "
             "chunks/s: this machine cannot drive that rate (the client or the simulator is "
             "out of CPU)")
 
@@ -229,9 +236,9 @@ def limit(step: Step, plan: CalibratePlan) -> str:
     if short_of_rate(step, plan):
         return shortfall(step, plan)
     worst = max((("TTFT", t), ("ITL", i)), key=lambda kv: kv[1]["p99"])
-    said = f"{worst[0]} error p99 {worst[1]['p99'] / 1000:.3f} ms"
+    said = f"{worst[0]} error p99 {units.ms(worst[1]['p99'])}"
     if step.worst_lag_ms >= ERROR_BUDGET_US / 1000:
-        return (f"{said}, the event loop late by up to {step.worst_lag_ms:.1f} ms: the "
+        return (f"{said}, the event loop late by up to {_lag(step)}: the "
                 "client's CPU is busy or shared (other processes, too few cores)")
     return (f"{said} with the event loop on time: the delay is before tokentop reads the "
             "bytes (the kernel, or a simulator sharing the CPU)")

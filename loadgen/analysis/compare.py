@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TextIO
 
 from loadgen.analysis.sweep import SWEEP_FORMAT, StepResult, plot_curve
+from loadgen.model import units
 from loadgen.model.snapshot import SNAPSHOT_VERSION, SnapshotVersionError
 from loadgen.record.rundir import (
     FINISHED,
@@ -48,14 +49,14 @@ RUN_ROWS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("req/s", ("rates", "req_s"), True),
     ("goodput req/s", ("rates", "goodput_req_s"), True),
     ("error rate", ("rates", "error_rate"), False),
-    ("TTFT p50 ms", ("latency_ms", "ttft", "p50"), False),
-    ("TTFT p99 ms", ("latency_ms", "ttft", "p99"), False),
-    ("TTFT p99.9 ms", ("latency_ms", "ttft", "p99.9"), False),
-    ("ITL p50 ms", ("latency_ms", "itl", "p50"), False),
-    ("ITL p99 ms", ("latency_ms", "itl", "p99"), False),
-    ("TPOT p50 ms", ("latency_ms", "tpot", "p50"), False),
-    ("E2E p50 ms", ("latency_ms", "e2e", "p50"), False),
-    ("E2E p99 ms", ("latency_ms", "e2e", "p99"), False),
+    ("TTFT p50", ("latency_ms", "ttft", "p50"), False),
+    ("TTFT p99", ("latency_ms", "ttft", "p99"), False),
+    ("TTFT p99.9", ("latency_ms", "ttft", "p99.9"), False),
+    ("ITL p50", ("latency_ms", "itl", "p50"), False),
+    ("ITL p99", ("latency_ms", "itl", "p99"), False),
+    ("TPOT p50", ("latency_ms", "tpot", "p50"), False),
+    ("E2E p50", ("latency_ms", "e2e", "p50"), False),
+    ("E2E p99", ("latency_ms", "e2e", "p99"), False),
 )
 
 
@@ -199,12 +200,14 @@ def delta(base: float | None, value: float | None, higher_better: bool) -> str:
     return f"({pct:+.1f}% {'better' if better else 'worse'})"
 
 
-def _fmt(x: float | None, label: str) -> str:
-    if x is None:
-        return "–"
-    if label == "error rate":
-        return f"{x:.2%}"
-    return f"{x:,.1f}" if abs(x) < 10_000 else f"{x:,.0f}"
+def _fmt(x: float | None, path: tuple[str, ...]) -> str:
+    """A cell as tokentop prints the figure anywhere: a latency with its unit (the
+    summary keeps them in ms), the error rate in per cent, a rate (its unit is the row's)."""
+    if path[0] == "latency_ms":
+        return units.ms(units.us_of_ms(x))
+    if path[-1] == "error_rate":
+        return units.pct(x)
+    return units.rate(x)
 
 
 def run_table(items: list[Item]) -> list[str]:
@@ -218,7 +221,7 @@ def run_table(items: list[Item]) -> list[str]:
         cells = []
         for n, item in enumerate(items):
             v = _dig(item.summary, path)
-            text = _fmt(v, label) + ("" if n == 0 else " " + delta(base, v, higher))
+            text = _fmt(v, path) + ("" if n == 0 else " " + delta(base, v, higher))
             cells.append(f"{text:>{width}}")
         lines.append(f"{label:<16}" + "".join(cells))
     return lines
@@ -227,16 +230,17 @@ def run_table(items: list[Item]) -> list[str]:
 def sweep_table(items: list[Item]) -> list[str]:
     loads = sorted({s.load for i in items for s in i.steps})
     head = f"{'load':>7}" + "".join(f"{i.name[:26]:>30}" for i in items)
-    lines = [head, f"{'':>7}" + "".join(f"{'tok/s · TTFT p99 ms':>30}" for _ in items)]
+    lines = [head, f"{'':>7}" + "".join(f"{'tok/s · TTFT p99':>30}" for _ in items)]
     for load in loads:
         cells = []
         base = next((s for s in items[0].steps if s.load == load), None)
         for n, item in enumerate(items):
             s = next((s for s in item.steps if s.load == load), None)
             if s is None:
-                cells.append(f"{'–':>30}")
+                cells.append(f"{units.NA:>30}")
                 continue
-            text = f"{s.output_tok_s:,.0f} · {_fmt(s.ttft_ms.get('p99'), '')}"
+            ttft = units.ms(units.us_of_ms(s.ttft_ms.get("p99")))
+            text = f"{units.rate(s.output_tok_s)} · {ttft}"
             if n and base is not None:
                 text += " " + delta(base.output_tok_s, s.output_tok_s, True)
             cells.append(f"{text:>30}")

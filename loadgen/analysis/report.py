@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from loadgen.analysis.soak import MIN_SLOPE_SPAN_H, SoakAnalyzer
+from loadgen.model import units
 from loadgen.model.slo import parse_slos
 from loadgen.model.snapshot import Snapshot
 from loadgen.record.rundir import (
@@ -146,22 +147,20 @@ def analyze_dir(run_dir: Path | str, *, slo: str | None = None, bucket_s: float 
 # ---- text -------------------------------------------------------------------------------------
 
 
+# the figures as tokentop prints them everywhere (loadgen.model.units)
+
+
 def _fmt_s(s: float | None) -> str:
-    if s is None:
-        return "–"
-    if s < 120:
-        return f"{s:.1f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.2f} h"
+    return units.duration(s)
 
 
 def _ms(x: float | None) -> str:
-    return "–" if x is None else f"{x:.1f} ms"
+    """A latency the soak analysis keeps in ms."""
+    return units.ms(units.us_of_ms(x))
 
 
 def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{x * 100:.3f}%"
+    return units.pct(x)
 
 
 def summary_lines(r: dict) -> list[str]:
@@ -188,8 +187,8 @@ def summary_lines(r: dict) -> list[str]:
                          f"p99.9 {_ms(s['p99.9'])}  max {_ms(s['max'])}")
     rates = r["rates"]
     if rates.get("output_tok_s") is not None:
-        lines.append(f"  throughput {rates['output_tok_s']:.1f} output tok/s, "
-                     f"{rates['req_s']:.2f} req/s")
+        lines.append(f"  throughput {units.rate(rates['output_tok_s'], 'output tok/s')}, "
+                     f"{units.rate(rates['req_s'], 'req/s')}")
     outages = r["outages"]
     mttr = r["mttr_s"]
     lines.append(f"  outages: {len(outages)} (MTTR client {_fmt_s(mttr['client'])}, "
@@ -222,20 +221,15 @@ def _slope_text(s: dict) -> str:
     """The MB/h figure, or why there is none (a run too short for one)."""
     if s["slope_mb_h"] is not None:
         return f"slope {s['slope_mb_h']:+.1f} MB/h"
-    return s.get("slope_withheld") or "slope – (too few samples)"
+    return s.get("slope_withheld") or f"slope {units.NA} (too few samples)"
 
 
-def _per_metric(values: dict, unit: str = "") -> str:
-    """{'ttft': 159.5, 'itl': 65.0} as "TTFT 159.5 ms, ITL 65.0 ms"."""
+def _per_metric(values: dict, shown=units.count) -> str:
+    """{'ttft': 159.5, 'itl': 65.0} as "TTFT 160 ms, ITL 65.0 ms" (shown=_ms), counts as
+    they are."""
     if not values:
         return "none"
-
-    def one(v) -> str:
-        if v is None:
-            return "–"
-        return f"{v:.1f}{unit}" if isinstance(v, float) else f"{v}{unit}"
-
-    return ", ".join(f"{m.upper()} {one(v)}" for m, v in values.items())
+    return ", ".join(f"{m.upper()} {shown(v)}" for m, v in values.items())
 
 
 def _errs(errors: dict[str, int]) -> str:
@@ -276,7 +270,7 @@ def _operator_section(r: dict) -> list[str]:
 
 
 def _when(t: float | None) -> str:
-    return "–" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    return units.NA if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def markdown(r: dict, plots: list[str]) -> str:
@@ -335,14 +329,14 @@ def markdown(r: dict, plots: list[str]) -> str:
     for b in d["buckets"]:
         out.append(f"| {b['index']} | {_ms(b['ttft']['p99_ms'])} | {_ms(b['ttft']['p99.9_ms'])} "
                    f"| {_ms(b['itl']['p99_ms'])} | {_ms(b['itl']['p99.9_ms'])} | "
-                   f"{b['output_tok_s']} | {_pct(b['error_rate'])} | {b['server_rss_mb']} | "
-                   f"{b['gpu_mem_mb']} |")
+                   f"{units.rate(b['output_tok_s'])} | {_pct(b['error_rate'])} | "
+                   f"{units.number(b['server_rss_mb'])} | {units.number(b['gpu_mem_mb'])} |")
     change = d["throughput_change"]
     out += ["", f"Server RSS: {_slope_text(d['server_rss'])}; GPU memory: "
             f"{_slope_text(d['gpu_memory'])}; throughput last/first bucket: "
-            f"{'–' if change is None else f'{change:.3f}'}.", ""]
+            f"{units.NA if change is None else f'{change:.3f}'}.", ""]
     lt = r["long_tail"]
-    out += ["## Long tail", "", f"Limit ({lt['rule']}): {_per_metric(lt['limits_ms'], ' ms')}; "
+    out += ["## Long tail", "", f"Limit ({lt['rule']}): {_per_metric(lt['limits_ms'], _ms)}; "
             f"intervals above it: {_per_metric(lt['counts'])}.", ""]
     if lt["intervals"]:
         out += ["| time | metric | p99.9 | max | in flight | context |",
@@ -350,7 +344,7 @@ def markdown(r: dict, plots: list[str]) -> str:
         for t in lt["intervals"]:
             out.append(f"| {_when(t['t'])} (+{_fmt_s(t['rel'])}) | {t['metric']} | "
                        f"{_ms(t['p99.9_ms'])} | {_ms(t['max_ms'])} | {t['in_flight']} | "
-                       f"{'; '.join(t['context']) or '–'} |")
+                       f"{'; '.join(t['context']) or 'none'} |")
         out.append("")
     if plots:
         out += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]

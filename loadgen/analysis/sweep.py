@@ -33,7 +33,7 @@ import msgspec
 import numpy as np
 
 from loadgen import __version__
-from loadgen.model import hdr
+from loadgen.model import hdr, units
 from loadgen.model.snapshot import METRICS, Control, Snapshot
 from loadgen.run.config import ConfigError, RunConfig
 from loadgen.run.secrets import Secrets
@@ -325,7 +325,7 @@ async def _hold(snaps, load: float, plan: SweepPlan, slo_given: bool, progress,
     if r.saturated:
         r.note = "queue depth and TTFT rising steadily: the server is over-saturated"
     elif r.error_rate > plan.max_error_rate:
-        r.note = f"error rate {r.error_rate:.1%} passed --max-error-rate"
+        r.note = f"error rate {units.pct(r.error_rate)} passed --max-error-rate"
     return r
 
 
@@ -336,23 +336,29 @@ def _progress(load: float, unit: str, held: float, plan: SweepPlan, acc: _Accumu
     if held < plan.step_warmup or len(acc.snaps) < 2:
         return f"{where}, warming up"
     r = acc.result(load, slo_given)
-    return (f"{where}, {r.req_s:.2f} req/s, {r.output_tok_s:.0f} tok/s, "
-            f"TTFT p99 {_f(r.ttft_ms.get('p99'))} ms so far")
+    return (f"{where}, {units.rate(r.req_s, 'req/s')}, {units.rate(r.output_tok_s, 'tok/s')}, "
+            f"TTFT p99 {_ms(r.ttft_ms.get('p99'))} so far")
 
 
 HEADER = (f"{'load':>7} {'tok/s':>8} {'req/s':>7} {'goodput':>7} {'err':>6}  "
-          f"{'TTFT p50/p99 ms':>16}  {'ITL p50/p99 ms':>15}  {'queue':>6} {'tok/J':>6}")
+          f"{'TTFT p50/p99':>17}  {'ITL p50/p99':>17}  {'queue':>6} {'tok/J':>6}")
+
+
+def _ms(x: float | None) -> str:
+    """A step's latency, kept in ms (sweep.json's unit), as tokentop prints latencies."""
+    return units.ms(units.us_of_ms(x))
 
 
 def _f(x: float | None, digits: int = 1) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
+    return units.NA if x is None else f"{x:.{digits}f}"
 
 
 def row(r: StepResult) -> str:
-    lat = lambda d: f"{_f(d.get('p50'))}/{_f(d.get('p99'))}"  # noqa: E731
+    lat = lambda d: f"{_ms(d.get('p50'))}/{_ms(d.get('p99'))}"  # noqa: E731
     flag = "  saturated" if r.saturated else ""
-    return (f"{r.load:>7g} {r.output_tok_s:>8.0f} {r.req_s:>7.2f} {_f(r.goodput_req_s, 2):>7} "
-            f"{r.error_rate:>6.1%}  {lat(r.ttft_ms):>16}  {lat(r.itl_ms):>15}  "
+    return (f"{r.load:>7g} {units.rate(r.output_tok_s):>8} {units.rate(r.req_s):>7} "
+            f"{units.rate(r.goodput_req_s):>7} {units.pct(r.error_rate):>6}  "
+            f"{lat(r.ttft_ms):>17}  {lat(r.itl_ms):>17}  "
             f"{_f(r.queue_depth):>6} {_f(r.tokens_per_joule, 2):>6}{flag}")
 
 
@@ -362,13 +368,14 @@ def headline(knee: StepResult | None, best: StepResult | None, unit: str,
     if knee is None:
         lines.append("knee: not reached (throughput still scaling at the last step)")
     else:
-        lines.append(f"knee: {knee.load:g} {unit} ({knee.output_tok_s:.0f} output tok/s)")
+        tok_s = units.rate(knee.output_tok_s, "output tok/s")
+        lines.append(f"knee: {knee.load:g} {unit} ({tok_s})")
     lines.append(f"knee rule: {knee_rule(fraction)}")
     if slo:
         if best is None:
             lines.append(f"max goodput under {slo}: no step met the SLO")
         else:
-            lines.append(f"max goodput under {slo}: {best.goodput_req_s:.2f} req/s "
+            lines.append(f"max goodput under {slo}: {units.rate(best.goodput_req_s, 'req/s')} "
                          f"at {best.load:g} {unit}")
     return lines
 

@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import inspect as mi
 
+from loadgen.model import units
 from loadgen.model.slo import SloError, Slos, parse_slos
 from loadgen.worker.dataset import Dataset, DatasetError
 from loadgen.worker.distributions import LengthDist, WorkloadError
@@ -80,42 +81,26 @@ class Url(str):
     """An http:// or https:// base URL."""
 
 
-_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
-_TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|m|h)?\s*$")
+def _units(parse, value: object, **options: object) -> float:
+    """A value read by the command line's own parser (loadgen.model.units), so "24h" and
+    "5%" mean here what they mean in --duration and --max-error-rate; its words, with the
+    value as it was written in TOML ("ten", true)."""
+    try:
+        return parse(value, **options)
+    except units.UnitError as e:
+        raise ValueError(e.worded(_show)) from None
 
 
 def _seconds(value: object) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str) and (m := _TIME.match(value)):
-        seconds = float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
-    else:
-        raise ValueError(f'expected seconds, e.g. 90, "90s", "5m" or "24h", got {_show(value)}')
-    if seconds < 0:
-        raise ValueError(f"must be 0 or more seconds, got {_show(value)}")
-    return seconds
+    return _units(units.parse_seconds, value, zero=True)
 
 
 def _duration(value: object) -> float:
-    seconds = _seconds(value)
-    if seconds <= 0:
-        raise ValueError(f"must be more than 0 seconds, got {_show(value)}")
-    return seconds
+    return _units(units.parse_seconds, value)
 
 
 def _fraction(value: object) -> float:
-    try:
-        if isinstance(value, str) and value.strip().endswith("%"):
-            number = float(value.strip()[:-1]) / 100.0
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            number = float(value)
-        else:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f'expected a fraction, e.g. 0.05 or "5%", got {_show(value)}') from None
-    if not 0.0 <= number <= 1.0:
-        raise ValueError(f"must be between 0 and 1, got {_show(value)}")
-    return number
+    return _units(units.parse_fraction, value)
 
 
 def _length(value: object, *, output: bool = False) -> str:

@@ -15,6 +15,8 @@ import re
 
 import msgspec
 
+from loadgen.model import units
+
 
 class SloError(ValueError):
     """A `--slo` text that cannot be read; str(e) is the message for the user."""
@@ -41,20 +43,18 @@ class Slo(msgspec.Struct, kw_only=True, frozen=True):
         return not (self.e2e_us is not None and e2e > self.e2e_us)
 
 
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|µs|ms|s)?\s*$")
-_UNIT_US = {"us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
-
-
 def parse_us(text: str) -> float:
-    """A time with its unit, in µs. A bare number is refused: `ttft<20` could be 20 ms or
-    20 s, and guessing silently judges a run against a limit 1000× off."""
-    m = _DURATION.match(text)
-    if not m:
-        raise SloError(f"bad time {text!r}: use e.g. 500ms, 2s or 800us")
-    if m.group(2) is None:
-        raise SloError(f"time {text.strip()!r} has no unit: write {m.group(1)}ms or "
-                       f"{m.group(1)}s (units: ms, s, us)")
-    return float(m.group(1)) * _UNIT_US[m.group(2)]
+    """A time with its unit, in µs (units.parse_latency_us, as every flag taking a time
+    reads it). A bare number is refused: `ttft<20` could be 20 ms or 20 s, and guessing
+    silently judges a run against a limit 1000× off."""
+    return _read(units.parse_latency_us, text)
+
+
+def _read(parse, text: str) -> float:
+    try:
+        return parse(text.strip())
+    except units.UnitError as e:
+        raise SloError(str(e)) from None
 
 
 class Threshold(msgspec.Struct, frozen=True):
@@ -78,6 +78,8 @@ class Slos(msgspec.Struct, frozen=True):
 
 
 _LATENCIES = ("ttft", "itl", "tpot", "e2e")
+# the whole-run rates an SLO may name, and the unit each is shown in
+_RATES = {"req_s": "req/s", "output_tok_s": "tok/s", "goodput_req_s": "req/s"}
 _STATS = ("p50", "p90", "p99", "p99.9", "max", "mean")
 _SLO_PART = re.compile(
     r"^\s*([a-z0-9_]+?)(?:_(" + "|".join(re.escape(s) for s in _STATS) + r"))?"
@@ -111,29 +113,16 @@ def parse_slos(text: str | None) -> Slos:
         elif metric in _LATENCIES:
             thresholds.append(Threshold(metric, stat, op, parse_us(value), part.strip()))
         elif metric == "error_rate" and stat is None:
-            thresholds.append(Threshold(metric, None, op, _fraction(value), part.strip()))
-        elif metric in ("req_s", "output_tok_s", "goodput_req_s") and stat is None:
-            thresholds.append(Threshold(metric, None, op, _number(value), part.strip()))
+            thresholds.append(Threshold(metric, None, op, _read(units.parse_fraction, value),
+                                        part.strip()))
+        elif metric in _RATES and stat is None:
+            thresholds.append(Threshold(metric, None, op, _read(units.parse_rate, value),
+                                        part.strip()))
         else:
             raise SloError(f"unknown --slo metric in {part.strip()!r}: latencies "
                               f"{', '.join(_LATENCIES)} (optionally _p99 etc.), error_rate, "
                               "req_s, output_tok_s, goodput_req_s")
     return Slos(Slo(**per_request) if per_request else None, thresholds)
-
-
-def _fraction(text: str) -> float:
-    t = text.strip()
-    try:
-        return float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
-    except ValueError:
-        raise SloError(f"bad fraction {text!r}: use 0.001 or 0.1%") from None
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text.strip())
-    except ValueError:
-        raise SloError(f"bad number {text!r}") from None
 
 
 def measured_value(th: Threshold, latency: dict[str, dict], rates: dict) -> float | None:
@@ -164,11 +153,11 @@ def _shown(th: Threshold, measured: float | None) -> str:
     if measured is None:
         return f"{th.text}: no data (fails)"
     if th.stat is not None:
-        m = f"{measured / 1e3:.1f}ms"
+        m = units.ms(measured)
     elif th.metric == "error_rate":
-        m = f"{measured * 100:.3g}%"
+        m = units.pct(measured)
     else:
-        m = f"{measured:.3g}/s"
+        m = units.rate(measured, _RATES.get(th.metric, "/s"))
     return f"{th.text}: measured {m}"
 
 

@@ -33,7 +33,7 @@ def test_a_fifth_of_the_intended_rate_is_said_to_be_more_than_this_machine_drive
     lines, code = verdict([_step(1, 64 / 1.310, err_us=300.0), fifth], PLAN)
     said = [line for line in lines if line.startswith("at 100 streams")]
     assert len(said) == 1
-    assert "only 20% of the intended 4,885 chunks/s" in said[0]
+    assert "only 20.0% of the intended 4,885 chunks/s" in said[0]
     assert "this machine cannot drive that rate" in said[0]
     # the one stream that kept up and kept the error within 1 ms is the verdict, exit 0
     assert lines[-1].startswith("highest load with timing error p99 ≤ 1 ms: 1 stream,")
@@ -47,7 +47,7 @@ def test_when_no_step_keeps_within_1_ms_it_says_what_limits_and_exits_3():
     assert code == EXIT_OVER_BUDGET == 3
     assert lines[-1].startswith("no step kept timing error p99 within 1 ms on this machine; "
                                 "at 1 stream: ")
-    assert "error p99 2.50" in lines[-1] and "event loop late by up to 6.0 ms" in lines[-1]
+    assert "error p99 2.50 ms" in lines[-1] and "event loop late by up to 6.00 ms" in lines[-1]
     on_time = [_step(1, 64 / 1.310, err_us=2500.0, lag_ms=0.3)]
     lines, code = verdict(on_time, PLAN)
     assert code == 3 and "with the event loop on time" in lines[-1]

@@ -9,9 +9,10 @@ from scripted_source import ScriptedSource, make_snapshot, make_snapshots
 from textual.pilot import Pilot
 from textual.widget import Widget
 
+from loadgen.model import units
 from loadgen.model.snapshot import ServerMetrics
 from tui.app import TokentopApp
-from tui.format import fmt_bytes, fmt_elapsed, fmt_ms, fmt_rate
+from tui.format import NO_SAMPLES
 from tui.help_screen import HelpScreen
 from tui.widgets import Panel
 
@@ -185,19 +186,21 @@ async def test_unknown_theme_falls_back_with_a_warning() -> None:
 
 
 def test_formatting() -> None:
-    assert fmt_ms(None) == "n/a"
-    assert fmt_ms(None, missing="–") == "–"
-    assert fmt_ms(420) == "0.42 ms"
-    assert fmt_ms(12_340) == "12.3 ms"
-    assert fmt_ms(389_000) == "389 ms"
-    assert fmt_ms(1_240_000) == "1.24 s"
-    assert fmt_bytes(None) == "n/a"
-    assert fmt_bytes(512) == "512 B"
-    assert fmt_bytes(80 * 1024**3) == "80.0 GiB"
-    assert fmt_rate(None) == "n/a"
-    assert fmt_rate(0.0) == "0.00"
-    assert fmt_rate(1234.4) == "1,234"
-    assert fmt_elapsed(3 * 3600 + 62) == "3:01:02"
+    """The console prints figures with loadgen.model.units (tests/model/test_units.py has
+    the rest); a window with no samples is its own "–"."""
+    assert units.ms(None) == "n/a"
+    assert units.ms(None, missing=NO_SAMPLES) == "–"
+    assert units.ms(420) == "0.42 ms"
+    assert units.ms(12_340) == "12.3 ms"
+    assert units.ms(389_000) == "389 ms"
+    assert units.ms(1_240_000) == "1.24 s"
+    assert units.bytes_(None) == "n/a"
+    assert units.bytes_(512) == "512 B"
+    assert units.bytes_(80 * 1024**3) == "80.0 GiB"
+    assert units.rate(None) == "n/a"
+    assert units.rate(0.0) == "0.00"
+    assert units.rate(1234.4) == "1,234"
+    assert units.elapsed(3 * 3600 + 62) == "3:01:02"
 
 
 class _BrokenSource(ScriptedSource):

@@ -24,7 +24,9 @@ from tui.commands.args import (
     fail,
     positive,
     run_config,
+    seconds,
     secrets_from,
+    whole,
 )
 
 
@@ -46,16 +48,16 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
                    help="this agent's name in the fleet (default: the host name)")
     g.add_argument("--allow-remote-control", action="store_true",
                    help="accept concurrency / rate / pause commands from the fleet console")
-    g.add_argument("--max-concurrency", type=positive(int), default=DEFAULT_MAX_CONCURRENCY,
+    g.add_argument("--max-concurrency", type=whole(1), default=DEFAULT_MAX_CONCURRENCY,
                    help="remote control never sets more streams than this "
                    f"(default {DEFAULT_MAX_CONCURRENCY})")
-    g.add_argument("--max-rate", type=positive(float), default=DEFAULT_MAX_RATE,
+    g.add_argument("--max-rate", type=positive, default=DEFAULT_MAX_RATE,
                    help=f"remote control never sets more req/s than this "
                    f"(default {DEFAULT_MAX_RATE:g})")
-    g.add_argument("--mqtt-backlog", type=positive(int), default=DEFAULT_BACKLOG,
+    g.add_argument("--mqtt-backlog", type=whole(1), default=DEFAULT_BACKLOG,
                    help="Snapshots held while the broker is unreachable (oldest dropped "
                    f"first; default {DEFAULT_BACKLOG}, 10 min at 2 Hz)")
-    g.add_argument("--mqtt-max-backoff", type=positive(float), default=30.0,
+    g.add_argument("--mqtt-max-backoff", type=seconds, default=30.0,
                    help=argparse.SUPPRESS)
     g.add_argument("--json", type=Path, help="write the final summary here")
 

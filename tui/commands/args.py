@@ -2,22 +2,26 @@
 value parsers, and the secrets read from files or the environment.
 
 Everything here turns text from the command line into typed values once, at the
-edge; nothing under loadgen/ or probes/ sees a flag or a namespace. Bad input is
-one line on stderr and exit code 2, never a traceback: the value parsers raise
-`argparse.ArgumentTypeError` (argparse words it), and what can only be checked
-after parsing goes through `fail`.
+edge; nothing under loadgen/ or probes/ sees a flag or a namespace. A figure is read
+by loadgen.model.units, the parsers the eval plan and the SLO grammar use too, so a
+flag takes what a plan takes (24h, 5%, 500ms). Bad input is one line on stderr and
+exit code 2, never a traceback: the value parsers raise `argparse.ArgumentTypeError`
+(argparse words it), and what can only be checked after parsing goes through `fail`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from loadgen.fleet.link import DEFAULT_FLEET, DEFAULT_KEEPALIVE, PASSWORD_ENV
+from loadgen.model import units
 
 if TYPE_CHECKING:
     from loadgen.fleet.link import BrokerSettings
@@ -42,91 +46,105 @@ def fail(message: str, prog: str = "tokentop") -> NoReturn:
     sys.exit(2)
 
 
-# ---- typed values ---------------------------------------------------------------------------
+# ---- typed values: loadgen.model.units' parsers as argparse types ---------------------------
+# Every flag reads its figure with the same parser as the eval plan and the SLO grammar, so
+# `--duration 24h`, `--max-error-rate 5%` and `--ttft-ms 0.5s` mean what the plan's "24h",
+# "5%" and the SLO's `ttft<500ms` mean. A UnitError becomes argparse's one line.
 
 
-def whole(minimum: int):
-    """An int of at least `minimum` (streams, workers, a pid)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-def positive(kind: type):
-    """A number of `kind` above 0 (caps, backlogs, backoffs)."""
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-        return value
-
-    return parse
+def _typed(parse: Callable[..., Any], text: str, **options: Any) -> Any:
+    """`parse(text)`, its UnitError raised as argparse's, which argparse words in one line
+    naming the flag."""
+    try:
+        return parse(text, **options)
+    except units.UnitError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def seconds(text: str, *, zero: bool = False) -> float:
-    """Seconds above 0 (or 0 too, `zero`), with or without a trailing `s` (20, 0.5, 20s)."""
-    try:
-        value = float(text.rstrip("s"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, e.g. 20 or 0.5, got {text!r}") \
-            from None
-    if value < 0 or (value == 0 and not zero):
-        raise argparse.ArgumentTypeError(f"must be {'at least' if zero else 'more than'} 0, "
-                                         f"got {text}")
-    return value
+    """Seconds above 0 (or 0 too, `zero`): 20, 0.5, 20s, 500ms, 5m, 24h, 2d."""
+    return _typed(units.parse_seconds, text, zero=zero)
 
 
 def seconds_or_zero(text: str) -> float:
     return seconds(text, zero=True)
 
 
+def latency_ms(text: str) -> float:
+    """A `--…-ms` flag: milliseconds, a bare number in ms (the flag says so) or with any
+    time unit (0.5s, 800us), as the SLO grammar reads times."""
+    return _typed(units.parse_latency_us, text, bare="ms") / 1e3
+
+
 def fraction(text: str) -> float:
     """A fraction between 0 and 1, or a percentage (0.05, 5%)."""
-    try:
-        value = float(text.rstrip("%")) / (100.0 if text.endswith("%") else 1.0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction like 0.05 or 5%, got {text!r}") \
-            from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
-    return value
+    return _typed(units.parse_fraction, text)
 
 
 def rate(text: str) -> float:
-    """Requests per second, 0 or more."""
+    """Requests per second, 0 or more (5, 5/s, 300/m)."""
+    return _typed(units.parse_rate, text)
+
+
+def size(text: str) -> int:
+    """Bytes: 512, 4KiB, 64MiB, 1.5GB, 80G."""
+    return _typed(units.parse_size, text)
+
+
+def positive(text: str, *, zero: bool = False) -> float:
+    """A number above 0, or 0 too with `zero` (a speed-up, a gamma shape, a cap)."""
+    return _typed(units.parse_positive, text, zero=zero)
+
+
+def whole(minimum: int) -> Callable[[str], int]:
+    """An int of at least `minimum` (streams, workers, a pid)."""
+
+    def parse(text: str) -> int:
+        return _typed(units.parse_whole, text, minimum=minimum)
+
+    parse.__name__ = "whole number"  # argparse names a type by it in a few of its messages
+    return parse
+
+
+def cancel_at(text: str) -> str:
+    """--cancel-at: tokens (20), or a time with its unit (1.5s, 500ms, 2m) written back as
+    seconds ("120s"), the form RunConfig reads."""
+    if text.strip().isdigit():
+        return str(whole(1)(text))
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected requests per second, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
-    return value
+        return f"{units.parse_latency_us(text) / 1e6:g}s"
+    except units.UnitError as e:
+        raise argparse.ArgumentTypeError(f"expected tokens (20) or a time (1.5s): {e}") \
+            from None
 
 
-# ---- the run's arguments (console, run, sweep, agent) --------------------------------------
+# ---- the run's arguments, in groups a command picks from -------------------------------------
+# The console, `tokentop run` and the agent take them all (add_run_arguments). A sweep sets
+# how much load and for how long by its steps, an eval most of a run by its plan: each adds
+# only the groups it uses, and refuse_elsewhere words a flag of the others. The dests are
+# RunConfig's field names (run_config reads them); a group a command leaves out keeps
+# RunConfig's default.
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """Everything a run takes; the dests are RunConfig's field names (see run_config)."""
-    _add_target_arguments(p)
-    _add_load_arguments(p)
-    _add_workload_arguments(p)
-    _add_limit_arguments(p)
+    """Everything a run takes: the console, `tokentop run`, the agent."""
+    add_target_arguments(p)
+    load = p.add_argument_group("load")
+    add_mode_argument(load)
+    add_load_level_arguments(load)
+    add_open_loop_arguments(load)
+    add_trace_arguments(load)
+    workload = p.add_argument_group("workload")
+    add_prompt_arguments(workload)
+    add_request_arguments(workload)
+    limits = p.add_argument_group("limits and measurement")
+    add_length_arguments(limits)
+    add_judging_arguments(limits)
+    add_machinery_arguments(limits)
+    add_recording_arguments(p)
 
 
-def _add_target_arguments(p: argparse.ArgumentParser) -> None:
+def add_target_arguments(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("target")
     t.add_argument("--url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
                    "(default: start the embedded simulator). One that does not answer yet "
@@ -137,7 +155,8 @@ def _add_target_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: 60 for a headless run or agent, as long as it takes in the "
                    "console)")
     t.add_argument("--model", help="model name (default: the server's first model)")
-    t.add_argument("--api", choices=("chat", "completions"), default="chat")
+    t.add_argument("--api", choices=("chat", "completions"), default="chat",
+                   help="the endpoint: /chat/completions or /completions")
     t.add_argument("--api-key-file", type=Path,
                    help="file holding the API key (default: $OPENAI_API_KEY); never on the "
                    "command line, so it stays out of shell history and `ps`")
@@ -158,101 +177,198 @@ def _add_target_arguments(p: argparse.ArgumentParser) -> None:
                    "SDK, to see what SDK-based applications see")
 
 
-def _add_load_arguments(p: argparse.ArgumentParser) -> None:
-    w = p.add_argument_group("load")
-    w.add_argument("--mode", choices=("closed", "open"), default="closed",
+def add_mode_argument(g: argparse._ActionsContainer) -> None:
+    g.add_argument("--mode", choices=("closed", "open"), default="closed",
                    help="closed: N concurrent streams; open: a request rate")
+
+
+def add_load_level_arguments(g: argparse._ActionsContainer) -> None:
+    """How much load, and how it grows: what a sweep's steps and an eval's phases set."""
     # 0 stays valid here: the console may start idle (`+` adds streams), a ramp from 0;
     # a headless run that would never send anything refuses it (loadgen.run.headless)
-    w.add_argument("-c", "--concurrency", type=whole(0), default=8,
+    g.add_argument("-c", "--concurrency", type=whole(0), default=8,
                    help="concurrent streams (default %(default)s); 0 only in the console, "
                    "with a ramp, or for an agent under remote control")
-    w.add_argument("--rate", type=rate, default=1.0, help="open loop: requests per second")
-    w.add_argument("--arrival", choices=("constant", "poisson", "gamma"), default="poisson",
-                   help="open loop arrival process")
-    w.add_argument("--burstiness", type=seconds, default=1.0,
-                   help="gamma shape: < 1 burstier than Poisson, > 1 more regular")
-    w.add_argument("--max-in-flight", type=whole(1),
-                   help="open loop: cap on requests in flight; the rest wait in a backlog")
-    w.add_argument("--trace", metavar="FILE",
-                   help="replay a request trace (open loop): Mooncake JSONL, "
-                   "{\"t\": s, \"input_tokens\": n, \"output_tokens\": m} JSONL or Azure CSV; "
-                   "the run stops when it is done")
-    w.add_argument("--trace-speed", type=positive(float),
-                   help="--trace: play its time this many times faster (default 1)")
-    w.add_argument("--trace-block-tokens", type=whole(1),
-                   help="--trace: tokens a prefix block of its hash_ids (default 512, "
-                   "Mooncake's)")
-    w.add_argument("--ramp", help="linear:FROM:TO:SECONDS or step:START:STEP:SECONDS[:MAX]")
-    w.add_argument("--auto-ramp", action="store_true",
+    g.add_argument("--rate", type=rate, default=1.0,
+                   help="open loop: requests per second (5, 5/s, 300/m)")
+    g.add_argument("--ramp", help="linear:FROM:TO:SECONDS or step:START:STEP:SECONDS[:MAX]")
+    g.add_argument("--auto-ramp", action="store_true",
                    help="double the streams while the --slo holds, settle at the boundary")
-    w.add_argument("--auto-ramp-hold", type=seconds, default=10.0,
+    g.add_argument("--auto-ramp-hold", type=seconds, default=10.0,
                    help="measured seconds per auto-ramp step")
 
 
-def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
-    k = p.add_argument_group("workload")
-    k.add_argument("--input-tokens", default="128",
+def add_open_loop_arguments(g: argparse._ActionsContainer) -> None:
+    g.add_argument("--arrival", choices=("constant", "poisson", "gamma"), default="poisson",
+                   help="open loop arrival process")
+    g.add_argument("--burstiness", type=positive, default=1.0,
+                   help="gamma shape: < 1 burstier than Poisson, > 1 more regular")
+    g.add_argument("--max-in-flight", type=whole(1),
+                   help="open loop: cap on requests in flight; the rest wait in a backlog")
+
+
+def add_trace_arguments(g: argparse._ActionsContainer) -> None:
+    g.add_argument("--trace", metavar="FILE",
+                   help="replay a request trace (open loop): Mooncake JSONL, "
+                   "{\"t\": s, \"input_tokens\": n, \"output_tokens\": m} JSONL or Azure CSV; "
+                   "the run stops when it is done")
+    g.add_argument("--trace-speed", type=positive,
+                   help="--trace: play its time this many times faster (default 1)")
+    g.add_argument("--trace-block-tokens", type=whole(1),
+                   help="--trace: tokens a prefix block of its hash_ids (default 512, "
+                   "Mooncake's)")
+
+
+def add_prompt_arguments(g: argparse._ActionsContainer) -> None:
+    """What each request asks: lengths, where prompts come from, conversations."""
+    g.add_argument("--input-tokens", default="128",
                    help="prompt length: 128, uniform:64:256, normal:128:32, lognormal:128:0.5")
-    k.add_argument("--output-tokens", default="128",
+    g.add_argument("--output-tokens", default="128",
                    help="max_tokens, same forms; dataset: the length of the reply that "
                    "followed each prompt in a ShareGPT --dataset")
-    k.add_argument("--shared-prefix", type=whole(0), default=0,
-                   help="words every prompt shares at the start (prefix-cache studies)")
-    k.add_argument("--dataset", metavar="KIND[:FILE]",
+    g.add_argument("--dataset", metavar="KIND[:FILE]",
                    help="where prompts come from: synthetic (default); text:FILE (windows of "
                    "--input-tokens words cut from any raw text); sharegpt:FILE (the first "
                    "human turns, JSON array or JSONL); jsonl:FILE (one prompt a line)")
-    k.add_argument("--prompts", "--prompts-file", dest="prompts_file", metavar="FILE",
+    g.add_argument("--prompts", "--prompts-file", dest="prompts_file", metavar="FILE",
                    help="JSONL prompts ({\"prompt\": …} or ShareGPT conversations): the same "
                    "as --dataset jsonl:FILE")
-    k.add_argument("--turns", type=whole(1),
+    g.add_argument("--turns", type=whole(1),
                    help="multi-turn conversations: user turns per conversation, each stream "
                    "a user sending its history with each turn (closed loop, chat API; "
                    "default 1: single requests)")
-    k.add_argument("--think-time", metavar="SECONDS",
+    g.add_argument("--think-time", metavar="SECONDS",
                    help="a user's wait between turns: 2, 0.5s, uniform:1:3, lognormal:2:0.5 "
                    "(default 0)")
-    k.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+
+
+def add_request_arguments(g: argparse._ActionsContainer) -> None:
+    """How each request is made and counted, whatever it asks."""
+    g.add_argument("--shared-prefix", type=whole(0), default=0,
+                   help="words every prompt shares at the start (prefix-cache studies)")
+    g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="let the model stop early (default: ask for exactly max_tokens)")
-    k.add_argument("--no-continuous-usage", dest="continuous_usage", action="store_false",
+    g.add_argument("--no-continuous-usage", dest="continuous_usage", action="store_false",
                    help="do not ask for usage on every chunk (for servers that reject it)")
-    k.add_argument("--tokenizer", default="auto", metavar="PATH|server|auto|none",
+    g.add_argument("--tokenizer", default="auto", metavar="PATH|server|auto|none",
                    help="exact token lengths: PATH, a local tokenizer.json or a model folder "
                    "holding one (read offline; also counts the tokens of each chunk when the "
                    "server sends no per-chunk usage); server: the target's /tokenize; auto "
                    "(default): the server's when it has one; none: about one token a word")
 
 
-def _add_limit_arguments(p: argparse.ArgumentParser) -> None:
-    m = p.add_argument_group("limits and measurement")
-    m.add_argument("--duration", type=seconds, help="seconds of load after warm-up, then stop")
-    m.add_argument("--warmup", type=seconds, help="seconds of load excluded from the results")
-    m.add_argument("--requests", dest="max_requests", type=whole(1),
+def add_length_arguments(g: argparse._ActionsContainer) -> None:
+    """How long the run goes on: what a sweep's steps and an eval's phases set."""
+    g.add_argument("--duration", type=seconds,
+                   help="seconds of load after warm-up, then stop (90, 20m, 24h)")
+    g.add_argument("--requests", dest="max_requests", type=whole(1),
                    help="stop after this many requests")
-    m.add_argument("--stop-error-rate", type=fraction,
-                   help="stop when errors over the last 10 s pass this fraction")
-    m.add_argument("--cancel-rate", type=fraction, default=0.0,
-                   help="fraction of requests the client abandons (users who leave)")
-    m.add_argument("--cancel-at", help="abandon after this many tokens (20) or seconds (1.5s)")
-    m.add_argument("--slo", help="per request (goodput): ttft<500ms,tpot<50ms,e2e<10s; whole run "
+
+
+def add_judging_arguments(g: argparse._ActionsContainer) -> None:
+    """What counts: the warm-up left out and the SLOs (an eval's plan has its own)."""
+    g.add_argument("--warmup", type=seconds_or_zero,
+                   help="seconds of load excluded from the results")
+    g.add_argument("--slo", help="per request (goodput): ttft<500ms,tpot<50ms,e2e<10s; whole run "
                    "(pass/fail): ttft_p99<1s,error_rate<1%%,output_tok_s>500; times need a "
                    "unit (ms, s or us)")
+
+
+def add_machinery_arguments(g: argparse._ActionsContainer) -> None:
+    """How the load is driven and stopped: every command that runs load takes these."""
+    g.add_argument("--stop-error-rate", type=fraction,
+                   help="stop when errors over the last 10 s pass this fraction (0.05 or 5%%)")
+    g.add_argument("--cancel-rate", type=fraction, default=0.0,
+                   help="fraction of requests the client abandons (users who leave)")
+    g.add_argument("--cancel-at", type=cancel_at,
+                   help="abandon after this many tokens (20) or this long (1.5s)")
+    g.add_argument("--workers", type=whole(0), default=0,
+                   help="load worker processes (default: cores - 1, at least 1)")
+    g.add_argument("--request-timeout", type=seconds, default=600.0,
+                   help="seconds a request may take before it is abandoned as an error")
+    g.add_argument("--drain-grace", type=seconds, default=10.0,
+                   help="on stop, seconds in-flight requests may take before they are cancelled")
+    g.add_argument("--tick", type=seconds, default=0.5, help="seconds per Snapshot")
+    g.add_argument("--seed", type=whole(0), default=0,
+                   help="seed of the workload's draws (lengths, arrivals, prompts)")
+
+
+def add_recording_arguments(p: argparse.ArgumentParser) -> None:
     r = p.add_argument_group("recording")
     r.add_argument("--out", help="run directory (default: a new one under "
                    "~/.local/share/tokentop/runs)")
-    r.add_argument("--resume", help="continue the run recorded in this directory")
-    r.add_argument("--on-disk-full", choices=("stop", "continue"), default="stop",
-                   help="when recording fails: stop the load (default) or keep it running")
-    r.add_argument("--no-record", dest="record", action="store_false",
+    add_resume_arguments(r)
+    add_disk_full_argument(r)
+
+
+def add_resume_arguments(g: argparse._ActionsContainer) -> None:
+    g.add_argument("--resume", help="continue the run recorded in this directory")
+    g.add_argument("--no-record", dest="record", action="store_false",
                    help="do not record this run")
-    m.add_argument("--workers", type=whole(0), default=0,
-                   help="load worker processes (default: cores - 1, at least 1)")
-    m.add_argument("--request-timeout", type=seconds, default=600.0)
-    m.add_argument("--drain-grace", type=seconds, default=10.0,
-                   help="on stop, seconds in-flight requests may take before they are cancelled")
-    m.add_argument("--tick", type=seconds, default=0.5, help="seconds per Snapshot")
-    m.add_argument("--seed", type=int, default=0)
+
+
+def add_disk_full_argument(g: argparse._ActionsContainer) -> None:
+    g.add_argument("--on-disk-full", choices=("stop", "continue"), default="stop",
+                   help="when recording fails: stop the load (default) or keep it running")
+
+
+def add_console_arguments(p: argparse.ArgumentParser) -> None:
+    """The console's own: its look, its redraws, and `--publish` to a fleet (the broker's
+    arguments). tui/commands/console.py still adds its own copy of these; this is the
+    group other commands refuse in words (refuse_elsewhere)."""
+    ui = p.add_argument_group("console")
+    ui.add_argument("--theme", help="tokentop-dark (default), tokentop-light, "
+                    "tokentop-high-contrast, tokentop-mono; `t` cycles them in the console "
+                    "and the choice is remembered in ~/.config/tokentop/config.toml")
+    ui.add_argument("--refresh", type=seconds, default=0.5, help="seconds between redraws")
+    add_broker_arguments(p, required=False, url_flag="--publish")
+    p.add_argument("--name", default=socket.gethostname(),
+                   help="this machine's name in the fleet (with --publish)")
+
+
+# ---- what a command does not take, said in words ---------------------------------------------
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Each option's default after its help, unless the help says it already or there is
+    nothing to say (no default, or an on/off flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = (action.help or "").strip()
+        d = action.default
+        no_default = d is None or d is argparse.SUPPRESS or isinstance(d, bool | list)
+        if no_default or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def parse_refusing(p: argparse.ArgumentParser, argv: list[str], what: str,
+                   elsewhere: dict[str, tuple[Callable[[Any], None], ...]]) -> argparse.Namespace:
+    """`argv` read by `p`. A flag `p` lacks that another command takes is one line saying
+    why (`elsewhere`: the reason, "it is the console's", and the groups that hold such
+    flags), not argparse's "unrecognized arguments"; exit code 2 either way."""
+    args, extra = p.parse_known_args(argv)
+    for token in extra:
+        flag = token.split("=", 1)[0]
+        if not flag.startswith("-"):
+            continue
+        for why, groups in elsewhere.items():
+            if any(_takes(add, flag) for add in groups):
+                fail(f"{flag} is not for {what}: {why}", prog=p.prog)
+    if extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _takes(add: Callable[[Any], None], flag: str) -> bool:
+    """Whether the arguments `add` puts on a parser include `flag` (exactly, no prefix)."""
+    probe = _EmbeddedParser(add_help=False, allow_abbrev=False)
+    add(probe)
+    try:
+        _, rest = probe.parse_known_args([flag])
+    except _FlagError:
+        return True  # it knows the flag: it wanted the flag's value
+    return not rest
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:
@@ -368,7 +484,7 @@ def _add_model_arguments(g: argparse._ArgumentGroup) -> None:
     d = SimConfig()
 
     def opt(flag: str, dest: str, kind: type, doc: str, **kw: Any) -> None:
-        g.add_argument(flag, dest=dest, type=kind, default=None,
+        g.add_argument(flag, dest=dest, type=_sim_type(dest, kind), default=None,
                        help=f"{doc} (default {getattr(d, dest)})", **kw)
 
     opt("--model", "model_name", str, "served model name")
@@ -426,11 +542,27 @@ def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
         g.add_argument(
             "--fault-" + f.name.replace("_", "-"),
             dest="fault_" + f.name,
-            type=type(default),
+            type=_sim_type(f.name, type(default)),
             default=None,
             choices=MALFORMED_KINDS if f.name == "malformed_kind" else None,
             help=f"{FAULT_HELP[f.name]} (default {default})",
         )
+
+
+def _sim_type(name: str, kind: type) -> Callable[[str], Any]:
+    """The parser of a simulator setting, by what its name says it holds: a fraction
+    (`_rate`: 0.05 or 5%), seconds (`_s`: 3, 500ms), milliseconds (`_ms`: 200, 0.2s), bytes
+    (`_bytes`: 80GiB); else its type, as the simulator's own checks expect (a count stays
+    argparse's int: tests/sim reads its "invalid int value")."""
+    if kind is float and name.endswith("_rate"):
+        return fraction
+    if kind is float and name.endswith("_s"):
+        return seconds_or_zero
+    if kind is float and name.endswith("_ms"):
+        return latency_ms
+    if kind is int and name.endswith("_bytes"):
+        return size
+    return kind
 
 
 def sim_config(args: argparse.Namespace) -> SimConfig:
@@ -554,7 +686,7 @@ def add_broker_arguments(p: argparse.ArgumentParser, *, required: bool = True,
                    "(default: the system's)")
     g.add_argument("--mqtt-cert-file", help="client certificate for mqtts:// (mutual TLS)")
     g.add_argument("--mqtt-key-file", help="client key for --mqtt-cert-file")
-    g.add_argument("--mqtt-keepalive", type=int, default=DEFAULT_KEEPALIVE, metavar="S",
+    g.add_argument("--mqtt-keepalive", type=whole(1), default=DEFAULT_KEEPALIVE, metavar="S",
                    help="MQTT keepalive seconds; the broker declares us gone (last will) after "
                    f"1.5× this (default {DEFAULT_KEEPALIVE})")
 

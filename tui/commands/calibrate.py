@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from tui.commands.args import Parser, fail
+from tui.commands.args import Parser, fail, latency_ms, seconds, seconds_or_zero, whole
 
 
 def main(argv: list[str]) -> int:
@@ -28,13 +28,19 @@ def main(argv: list[str]) -> int:
 def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", default="1,10,100,500,1000,2000",
                    help="concurrent streams per step (default %(default)s)")
-    p.add_argument("--step-seconds", type=float, default=8.0, help="measured seconds per step")
-    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per step")
-    p.add_argument("--ttft-ms", type=float, default=50.0, help="the simulator's exact TTFT")
-    p.add_argument("--itl-ms", type=float, default=20.0, help="the simulator's exact gap")
-    p.add_argument("--output-tokens", type=int, default=64)
+    p.add_argument("--step-seconds", type=seconds, default=8.0,
+                   help="measured seconds per step (default %(default)s)")
+    p.add_argument("--warmup", type=seconds_or_zero, default=2.0,
+                   help="unmeasured seconds per step (default %(default)s)")
+    p.add_argument("--ttft-ms", type=latency_ms, default=50.0,
+                   help="the simulator's exact TTFT, ms (or 0.05s; default %(default)s)")
+    p.add_argument("--itl-ms", type=latency_ms, default=20.0,
+                   help="the simulator's exact gap, ms (default %(default)s)")
+    p.add_argument("--output-tokens", type=whole(1), default=64,
+                   help="tokens a request (default %(default)s)")
     p.add_argument("--client", choices=("raw", "openai"), default="raw")
-    p.add_argument("--workers", type=int, default=0, help="load workers (default: cores - 1)")
+    p.add_argument("--workers", type=whole(0), default=0,
+                   help="load workers (default: cores - 1)")
 
 
 def calibrate_plan(args: argparse.Namespace):

@@ -4,9 +4,10 @@
     tokentop eval --print-plan > plan.toml
     tokentop eval compare DIR_A DIR_B [DIR_C …]
 
-Takes the run's target and workload options (the URL, model, API, tokenizer, workers);
-the loads, lengths, durations, SLOs and faults are the plan's (loadgen/eval/plan.py). The
-same --out again resumes a killed eval at its phase.
+Takes the run's option groups an eval uses (the target, open-loop arrivals, how requests
+are made, how load is driven: the URL, model, API, tokenizer, workers); the loads, lengths,
+durations, SLOs and faults are the plan's (loadgen/eval/plan.py), and those flags are
+refused in words. The same --out again resumes a killed eval at its phase.
 """
 
 from __future__ import annotations
@@ -17,29 +18,49 @@ import signal
 import sys
 from pathlib import Path
 
-from tui.commands.args import Parser, fail, run_config, secrets_from
-from tui.commands.console import console_parser
-from tui.commands.sweep import CONSOLE_ONLY, SET_BY_STEPS, DefaultsFormatter
+from tui.commands.args import (
+    DefaultsFormatter,
+    Parser,
+    add_console_arguments,
+    add_disk_full_argument,
+    add_judging_arguments,
+    add_length_arguments,
+    add_load_level_arguments,
+    add_machinery_arguments,
+    add_mode_argument,
+    add_open_loop_arguments,
+    add_prompt_arguments,
+    add_request_arguments,
+    add_resume_arguments,
+    add_target_arguments,
+    add_trace_arguments,
+    fail,
+    parse_refusing,
+    run_config,
+    secrets_from,
+)
 
 PROG = "tokentop eval"
-# the run options the plan sets (each phase's load, lengths, length of run, SLOs)
-SET_BY_PLAN = (*SET_BY_STEPS, "mode", "warmup", "dataset", "prompts_file", "input_tokens",
-               "output_tokens", "slo", "turns", "think_time", "trace", "trace_speed", "resume",
-               "record")
-NOT_FOR_AN_EVAL = CONSOLE_ONLY + SET_BY_PLAN
+# the run's flags an eval does not take, and why: said in words when given anyway
+NOT_FOR_AN_EVAL = {
+    "it is set by the plan (--plan)": (
+        add_mode_argument, add_load_level_arguments, add_trace_arguments, add_prompt_arguments,
+        add_length_arguments, add_judging_arguments),
+    "an eval is always recorded, and the same --out resumes it": (add_resume_arguments,),
+    "it is the console's": (add_console_arguments,),
+}
 
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "compare":
         return compare_main(argv[1:])
     p = eval_parser()
-    args = p.parse_args(argv)
+    args = parse_refusing(p, argv, "an eval", NOT_FOR_AN_EVAL)
     if args.print_plan:
         from loadgen.eval.plan import DEFAULT_PLAN
 
         sys.stdout.write(DEFAULT_PLAN)
         return 0
-    _refuse_unused(p, args)
     if not args.out:
         fail("--out DIR is required: where the eval is written (the same DIR again resumes "
              "it)", prog=PROG)
@@ -47,17 +68,22 @@ def main(argv: list[str]) -> int:
 
 
 def eval_parser() -> argparse.ArgumentParser:
-    p = console_parser(PROG)
-    p.description = ("Run the evaluation battery (baseline, pressure ramp, long tail, faults, "
-                     "leaks, efficiency, scaling) and write one matrix; `tokentop eval compare "
-                     "A B …` sets evals side by side.")
-    p.formatter_class = DefaultsFormatter
-    for action in p._actions:
-        if action.dest in NOT_FOR_AN_EVAL:
-            action.help = argparse.SUPPRESS
-        if action.dest == "out":
-            action.help = "the eval's directory (eval.md, eval.json, runs/, PNGs); the same " \
-                          "directory again resumes an eval that was stopped"
+    """The run's groups an eval uses (the target, open-loop arrivals, how requests are
+    made, how load is driven) and its own; the loads, lengths, durations and SLOs are the
+    plan's."""
+    p = Parser(prog=PROG, formatter_class=DefaultsFormatter,
+               description="Run the evaluation battery (baseline, pressure ramp, long tail, "
+               "faults, leaks, efficiency, scaling) and write one matrix; `tokentop eval "
+               "compare A B …` sets evals side by side.")
+    add_target_arguments(p)
+    load = p.add_argument_group("load (the loads, lengths and durations: the plan's)")
+    add_open_loop_arguments(load)
+    add_request_arguments(p.add_argument_group("requests"))
+    add_machinery_arguments(p.add_argument_group("measurement"))
+    r = p.add_argument_group("recording")
+    r.add_argument("--out", help="the eval's directory (eval.md, eval.json, runs/, PNGs); the "
+                   "same directory again resumes an eval that was stopped")
+    add_disk_full_argument(r)
     g = p.add_argument_group("eval")
     g.add_argument("--plan", type=Path, help="the plan (TOML); default: the built-in one "
                    "(--print-plan writes it, commented, to start from)")
@@ -71,13 +97,6 @@ def eval_parser() -> argparse.ArgumentParser:
                    help="opt-in: during the faults phase kill the server process and run CMD "
                    "(a shell command) to restart it; MTTR from the kill to the first success")
     return p
-
-
-def _refuse_unused(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for action in p._actions:
-        if action.dest in NOT_FOR_AN_EVAL and getattr(args, action.dest, None) != action.default:
-            why = "the console's" if action.dest in CONSOLE_ONLY else "set by the plan (--plan)"
-            fail(f"{action.option_strings[-1]} is not for an eval: it is {why}", prog=PROG)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -96,7 +115,7 @@ def _eval(args: argparse.Namespace) -> int:
                 fail(f"{out} holds an eval already: run it again without --plan to resume "
                      "it, or give another --out", prog=PROG)
             ev = resumed(state, cfg, out, _say, **kw)
-            _say(f"eval: resuming {out} ({len(ev.results)} phase(s) done)")
+            _say(f"eval: resuming {out} ({len(ev.results.ran())} phase(s) done)")
         else:
             plan = read_plan(args.plan) if args.plan else default_plan()
             ev = Eval(cfg=cfg, plan=plan, quick=args.quick, out=out, say=_say, **kw)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from tui.commands.args import Parser, add_broker_arguments, broker_settings, fail
+from tui.commands.args import Parser, add_broker_arguments, broker_settings, fail, seconds
 
 
 def main(argv: list[str]) -> int:
@@ -19,8 +19,8 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("console")
     g.add_argument("--theme", help="tokentop-dark (default), tokentop-light, "
                    "tokentop-high-contrast, tokentop-mono")
-    g.add_argument("--refresh", type=float, default=1.0, help="seconds between redraws")
-    g.add_argument("--stale-after", type=float, default=5.0,
+    g.add_argument("--refresh", type=seconds, default=1.0, help="seconds between redraws")
+    g.add_argument("--stale-after", type=seconds, default=5.0,
                    help="an online agent with no Snapshot for this long shows as stale")
 
 

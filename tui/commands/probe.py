@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tui.commands.args import Parser, read_secret
+from tui.commands.args import Parser, read_secret, whole
 
 
 def main(argv: list[str]) -> int:
@@ -33,7 +33,7 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="where the server's Prometheus metrics are (default: /metrics at the URL's root)",
     )
-    parser.add_argument("--server-pid", type=int, default=None, help="the server's process id")
+    parser.add_argument("--server-pid", type=whole(1), default=None, help="the server's process id")
     parser.add_argument(
         "--server-name",
         default=None,

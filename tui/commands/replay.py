@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tui.commands.args import Parser, fail
+from tui.commands.args import Parser, fail, positive
 
 
 def main(argv: list[str]) -> int:
@@ -13,7 +13,9 @@ def main(argv: list[str]) -> int:
                "Keys: 1/2/3 speed ×1/×10/×100, ←/→ 30 s back/forward, p pause the replay. "
                "At the end it waits there (← seeks back).")
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--speed", type=float, default=1.0)
+    p.add_argument("--speed", type=_speed, default=1.0,
+                   help="play the recording this many times faster; 0: as fast as it reads "
+                   "(default 1)")
     p.add_argument("--no-follow", action="store_true",
                    help="stop at the end even if the run is still being written")
     p.add_argument("--slo", help="judge the recording by these SLOs (as `tokentop run --slo`): "
@@ -24,6 +26,10 @@ def main(argv: list[str]) -> int:
     _check(args.run_dir)
     return _replay(args.run_dir, speed=args.speed, follow=False if args.no_follow else None,
                    slo=args.slo, theme=args.theme)
+
+
+def _speed(text: str) -> float:
+    return positive(text, zero=True)  # 0: as fast as the recording reads
 
 
 def _check(run_dir: Path) -> None:

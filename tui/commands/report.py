@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tui.commands.args import Parser
+from tui.commands.args import Parser, latency_ms, positive, seconds
 
 
 def main(argv: list[str]) -> int:
@@ -30,26 +30,26 @@ def report_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--out-dir", type=Path, help="where to write (default: the run directory)")
     p.add_argument("--slo", help="thresholds to judge (default: the run's own --slo)")
-    p.add_argument("--bucket", type=float, help="drift bucket, seconds (default: 3600 for "
-                   "soaks, shorter for short runs)")
-    p.add_argument("--tail-k", type=float, default=5.0,
+    p.add_argument("--bucket", type=seconds, help="drift bucket, seconds (1h, 600, 10m; "
+                   "default: 3600 for soaks, shorter for short runs)")
+    p.add_argument("--tail-k", type=positive, default=5.0,
                    help="long tail: k × the run's median per-tick P99 (default 5)")
     p.add_argument("--tail-ms", type=tail_limits_us,
-                   help="long tail: absolute limits, e.g. ttft=2000,itl=200")
+                   help="long tail: absolute limits, ms or with a unit, e.g. "
+                   "ttft=2000,itl=200 or ttft=2s")
     p.add_argument("--no-plots", action="store_true")
     return p
 
 
 def tail_limits_us(text: str) -> dict[str, float]:
-    """`--tail-ms ttft=2000,itl=200` as {metric: µs}."""
+    """`--tail-ms ttft=2000,itl=200ms,e2e=2s` as {metric: µs} (a bare number is ms)."""
     out = {}
     for part in text.split(","):
-        metric, _, ms = part.partition("=")
-        try:
-            out[metric.strip()] = float(ms) * 1e3
-        except ValueError:
+        metric, eq, limit = part.partition("=")
+        if not eq or not metric.strip():
             raise argparse.ArgumentTypeError(
-                f"expected metric=ms pairs, e.g. ttft=2000,itl=200, got {text!r}") from None
+                f"expected metric=ms pairs, e.g. ttft=2000,itl=200, got {text!r}")
+        out[metric.strip()] = latency_ms(limit) * 1e3
     return out
 
 

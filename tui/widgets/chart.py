@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 from textual.widgets import Static
 
-from tui.format import MUTED, block_rows, fmt_si, nice_max, sparkline, tidy
+from loadgen.model import units
+from tui.format import MUTED, NO_SAMPLES, block_rows, nice_max, sparkline, tidy
 from tui.history import History
 
 AXIS_W = 5  # "1.2k" + the axis tick
@@ -34,7 +35,7 @@ class Chart(Static):
         *,
         rows: int = 4,
         colour: str = "$primary",
-        fmt: Callable[[float | None], str] = fmt_si,
+        fmt: Callable[[float | None], str] = units.si,
         limit: Callable[[], float | None] | None = None,
         id: str | None = None,
         classes: str | None = None,
@@ -87,18 +88,20 @@ class Chart(Static):
         # 38 s of data in a 2-minute-wide chart is "last 38 s"
         first = next((i for i, v in enumerate(values) if v is not None), n)
         span = f"last {_span((n - first) * history.bucket_s)}" if first < n else "no data yet"
-        last = self.fmt(known[-1]) if known else "–"
+        last = self.fmt(known[-1]) if known else NO_SAMPLES
         lines = [f"[{MUTED}]{self.caption} [/][b]{last}[/][{MUTED}] · {span}[/]"]
         colour = self.colour
         if limit is not None and known and max(known) > limit:
             colour = "$error"
         for i, row in enumerate(block_rows(values, rows, top)):
-            axis = fmt_si(top) if i == 0 else ("0" if i == rows - 1 else "")
+            axis = units.si(top) if i == 0 else ("0" if i == rows - 1 else "")
             lines.append(f"[{MUTED}]{axis:>{AXIS_W - 1}}│[/][{colour}]{row}[/]")
         return "\n".join(lines)
 
 
 def _span(seconds: float) -> str:
+    """The window the columns cover, named in whole units as the console names its windows
+    (10 s, 1 min), not a measured span (units.duration): it grows a bucket at a time."""
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections import deque
 
+from loadgen.model import units
 from loadgen.model.snapshot import Event
-from tui.format import MUTED, fmt_clock, literal
+from tui.format import MUTED, literal
 from tui.view import View
 from tui.widgets.panel import Panel
 
@@ -19,7 +20,7 @@ KIND_W = 8
 def event_line(e: Event, wide: bool) -> str:
     style = KIND_STYLE.get(e.kind) or LEVEL_STYLE.get(e.level, "$foreground")
     kind = f"[{MUTED}]{literal(e.kind[:KIND_W]):<{KIND_W}}[/] " if wide else ""
-    return f"[{MUTED}]{fmt_clock(e.t)}[/] {kind}[{style}]{literal(e.message)}[/]"
+    return f"[{MUTED}]{units.clock(e.t)}[/] {kind}[{style}]{literal(e.message)}[/]"
 
 
 class EventsPanel(Panel):

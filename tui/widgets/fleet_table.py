@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.widgets import DataTable
 
 from loadgen.fleet.monitor import AgentRow
-from tui.format import fmt_ms
+from loadgen.model import units
 
 FLEET_KEY = "__fleet__"
 COLUMNS = (
@@ -16,13 +16,11 @@ COLUMNS = (
 STATE_STYLE = {"online": "green", "stale": "yellow", "offline": "red", "unknown": "dim"}
 
 
-def _num(x: float | None, digits: int = 0) -> str:
-    return "n/a" if x is None else f"{x:,.{digits}f}"
-
-
 def _seen(s: float | None) -> str:
     if s is None:
         return "never"
+    # an age in whole units, like the console's window names (10 s, 1 min): the cell is
+    # redrawn every second, and a tenth would only flicker
     return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago"
 
 
@@ -34,14 +32,14 @@ def cells(row: AgentRow, *, fleet: bool = False) -> tuple[str, ...]:
     if row.mode == "open" and row.rate is not None:
         conc = f"{row.rate:g}/s"
     else:
-        conc = _num(row.concurrency)
-    target = row.target or ("" if fleet else "n/a")
+        conc = units.count(row.concurrency)
+    target = row.target or ("" if fleet else units.NA)
     if len(target) > 32:
         target = "…" + target[-31:]
     name = f"[b]fleet ({row.agents})[/b]" if fleet else row.name
-    return (name, state, target, conc, _num(row.in_flight), _num(row.out_tok_s),
-            _num(row.req_s, 1), fmt_ms(row.ttft_p99_us), fmt_ms(row.itl_p99_us),
-            _num(row.err_s, 2), _seen(row.last_seen_s))
+    return (name, state, target, conc, units.count(row.in_flight), units.rate(row.out_tok_s),
+            units.rate(row.req_s), units.ms(row.ttft_p99_us), units.ms(row.itl_p99_us),
+            units.rate(row.err_s), _seen(row.last_seen_s))
 
 
 class FleetTable(DataTable):

@@ -3,9 +3,10 @@ or why there are none; tokens per joule in the title."""
 
 from __future__ import annotations
 
+from loadgen.model import units
 from loadgen.model.snapshot import GpuSample, GpuStatus
 from probes.throttle import BENIGN_REASONS
-from tui.format import MUTED, NA, fmt_bytes_pair, fmt_pct, literal
+from tui.format import MUTED, literal
 from tui.view import View
 from tui.widgets.panel import Panel
 
@@ -32,7 +33,7 @@ def bar(used: int | None, total: int | None, width: int) -> str:
 
 def power(g: GpuSample) -> str:
     if g.power_w is None:
-        return f"{NA} W"
+        return units.NA  # no unit on a figure that is not there
     if g.power_limit_w is None:
         return f"{g.power_w:.0f} W"
     return f"{g.power_w:.0f}/{g.power_limit_w:.0f} W"
@@ -40,7 +41,7 @@ def power(g: GpuSample) -> str:
 
 def temperature(g: GpuSample) -> str:
     if g.temperature_c is None:
-        return f"{NA:>4}"
+        return f"{units.NA:>4}"
     text = f"{g.temperature_c:.0f}°C".rjust(4)
     return f"[$warning]{text}[/]" if g.temperature_c >= HOT_C else text
 
@@ -48,7 +49,7 @@ def temperature(g: GpuSample) -> str:
 def clocks(g: GpuSample) -> str:
     if g.simulated and g.sm_clock_mhz is None and g.mem_clock_mhz is None:
         return ""  # the simulator models no clocks: nothing to say, not "n/a"
-    sm = NA if g.sm_clock_mhz is None else f"{g.sm_clock_mhz:.0f}"
+    sm = units.NA if g.sm_clock_mhz is None else f"{g.sm_clock_mhz:.0f}"
     if g.mem_clock_mhz is None:
         return f"[{MUTED}]SM[/] {sm} MHz"
     return f"[{MUTED}]SM[/] {sm} [{MUTED}]mem[/] {g.mem_clock_mhz:.0f} MHz"
@@ -89,8 +90,8 @@ def gpu_line(g: GpuSample, width: int, tag_simulated: bool, two_lines: bool) -> 
     parts = [
         f"[b]{g.index}[/] {literal(short_name(g.name, name_w).ljust(name_w))}",
         bar(g.memory_used_bytes, g.memory_total_bytes, bar_w),
-        fmt_bytes_pair(g.memory_used_bytes, g.memory_total_bytes).rjust(14),
-        f"[{MUTED}]util[/] {fmt_pct(g.utilization_pct):>5}",
+        units.bytes_pair(g.memory_used_bytes, g.memory_total_bytes).rjust(14),
+        f"[{MUTED}]util[/] {units.pct(g.utilization_pct, whole=100):>5}",
         power(g).rjust(10),
         temperature(g),
     ]

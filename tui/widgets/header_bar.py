@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
+from loadgen.model import units
 from loadgen.model.kinds import SourceKind
 from loadgen.model.snapshot import Snapshot
 from loadgen.record.replay import ReplayStatus, replay_of
-from tui.format import MUTED, fmt_elapsed, literal, tidy
+from tui.format import MUTED, literal, tidy
 
 STATE_COLOURS = {
     "running": "$success",
@@ -34,7 +35,7 @@ def fmt_clock(seconds: float, hours: bool) -> str:
     """m:ss, or h:mm:ss (both sides of position / length alike, so they line up)."""
     total = max(0, int(seconds))
     if hours:
-        return fmt_elapsed(total)
+        return units.elapsed(total)
     return f"{total // 60}:{total % 60:02d}"
 
 
@@ -96,7 +97,7 @@ def header_markup(
         eng = f"  [{MUTED}]engine[/] {literal(engine)}" if engine else ""
         # a replay or a fleet agent says so first: nobody should take it for a live run here
         tag = f"[b $accent]{source_kind}[/]  " if source_kind != "live" else ""
-        elapsed = f"  {fmt_elapsed(snap.elapsed)}"
+        elapsed = f"  {units.elapsed(snap.elapsed)}"
         if replay is not None:  # its position / length replaces the elapsed time
             tag, elapsed = f"{replay_markup(replay, snap.elapsed)}  ", ""
         line = (

@@ -3,18 +3,10 @@ suspect; if the server's RSS keeps climbing, a long soak will end badly."""
 
 from __future__ import annotations
 
+from loadgen.model import units
 from loadgen.model.snapshot import ClientSample, HostSample, ProcessSample, ServerMetrics
 from loadgen.model.windows import WindowStats
-from tui.format import (
-    MUTED,
-    fmt_bytes,
-    fmt_bytes_pair,
-    fmt_count,
-    fmt_ms,
-    fmt_num,
-    fmt_pct,
-    literal,
-)
+from tui.format import MUTED, NO_SAMPLES, literal
 from tui.view import View
 from tui.widgets.panel import Panel
 
@@ -37,9 +29,9 @@ def _warn(text: str, warn: bool) -> str:
 def host_parts(h: HostSample | None) -> tuple[str, str]:
     h = h or HostSample()
     cores = f" [{MUTED}]×{h.cpu_count}[/]" if h.cpu_count else ""
-    load = f"{h.load1:.2f}" if h.load1 is not None else fmt_num(None)
-    cpu = f"{lbl('CPU')}{fmt_pct(h.cpu_pct)}{cores}  {lbl('load')}{load}"
-    ram = f"{lbl('RAM')}{fmt_bytes_pair(h.mem_used_bytes, h.mem_total_bytes)}"
+    load = f"{h.load1:.2f}" if h.load1 is not None else units.number(None)
+    cpu = f"{lbl('CPU')}{units.pct(h.cpu_pct, whole=100)}{cores}  {lbl('load')}{load}"
+    ram = f"{lbl('RAM')}{units.bytes_pair(h.mem_used_bytes, h.mem_total_bytes)}"
     return cpu, ram
 
 
@@ -49,8 +41,8 @@ def client_parts(c: ClientSample) -> tuple[str, str]:
     lag_us = None if c.loop_lag_ms is None else c.loop_lag_ms * 1000.0
     lag_hot = c.loop_lag_ms is not None and c.loop_lag_ms > LAG_WARN_MS
     workers = f"{c.workers} worker" + ("" if c.workers == 1 else "s")
-    cpu = f"{workers}  {lbl('CPU')}{_warn(fmt_pct(c.cpu_pct), cpu_hot)}"
-    lag = f"{lbl('loop lag')}{_warn(fmt_ms(lag_us), lag_hot)}"
+    cpu = f"{workers}  {lbl('CPU')}{_warn(units.pct(c.cpu_pct, whole=100), cpu_hot)}"
+    lag = f"{lbl('loop lag')}{_warn(units.ms(lag_us), lag_hot)}"
     if cpu_hot or lag_hot:
         lag += "  [b $warning]saturated[/]"
     return cpu, lag
@@ -59,11 +51,11 @@ def client_parts(c: ClientSample) -> tuple[str, str]:
 def process_parts(p: ProcessSample | None) -> tuple[str, str]:
     if p is None:
         return f"[{MUTED}]process not found[/]", ""
-    rss = f"{lbl('RSS')}{fmt_bytes(p.rss_bytes)}"
+    rss = f"{lbl('RSS')}{units.bytes_(p.rss_bytes)}"
     if p.rss_slope_mb_h is not None:
         trend = f"{p.rss_slope_mb_h:+.0f} MB/h"
         rss += " " + _warn(trend, p.rss_slope_mb_h > RSS_GROWTH_WARN_MB_H)
-    cpu = f"{lbl('CPU')}{fmt_pct(p.cpu_pct)}"
+    cpu = f"{lbl('CPU')}{units.pct(p.cpu_pct, whole=100)}"
     name = f" [{MUTED}]{literal(p.name or '')} {p.pid}[/]" if p.name else f" [{MUTED}]{p.pid}[/]"
     return rss, cpu + name
 
@@ -72,10 +64,11 @@ def kv_part(server: ServerMetrics | None) -> str:
     ok = server is not None and server.ok
     usage = server.kv_cache_usage if ok and server is not None else None
     pct = None if usage is None else usage * 100.0
-    line = f"{lbl('KV cache')}{_warn(fmt_pct(pct), pct is not None and pct >= KV_WARN)}"
+    hot = pct is not None and pct >= KV_WARN
+    line = f"{lbl('KV cache')}{_warn(units.pct(pct, whole=100), hot)}"
     if ok and server is not None:
         pre = server.preemptions_total
-        line += f"  {lbl('preempt')}{fmt_count(pre)}"
+        line += f"  {lbl('preempt')}{units.count(pre)}"
         if server.restarts:
             line += f"  [$warning]restarts {server.restarts}[/]"
     return line
@@ -86,10 +79,10 @@ def ttft_part(server: ServerMetrics | None, ten: WindowStats | None) -> str:
     srv = None
     if server is not None and server.ok:
         srv_ms = server.latency_ms.get("ttft", {}).get("p50")
-        srv = None if srv_ms is None else srv_ms * 1000.0
+        srv = units.us_of_ms(srv_ms)
     summary = ten.latency.get("ttft") if ten else None
     cli = summary.get("p50") if summary else None
-    return f"{lbl('TTFT P50 srv/cli')}{fmt_ms(srv)} / {fmt_ms(cli, missing='–')}"
+    return f"{lbl('TTFT P50 srv/cli')}{units.ms(srv)} / {units.ms(cli, missing=NO_SAMPLES)}"
 
 
 class HostPanel(Panel):

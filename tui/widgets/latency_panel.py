@@ -12,10 +12,11 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.content import Content
 
+from loadgen.model import units
 from loadgen.model.hdr import Summary
 from loadgen.model.slo import Slos, holds
 from loadgen.model.windows import WindowStats
-from tui.format import MUTED, NO_SAMPLES, fmt_ms
+from tui.format import MUTED, NO_SAMPLES
 from tui.view import View
 from tui.widgets.chart import Chart
 from tui.widgets.panel import Panel
@@ -51,7 +52,7 @@ def slo_limit(slos: Slos | None, metric: str, stat: str) -> tuple[str, float] | 
 
 def cell(summary: Summary | None, metric: str, key: str, slos: Slos | None) -> str:
     value = summary.get(key) if summary else None
-    text = fmt_ms(value, missing=NO_SAMPLES)
+    text = units.ms(value, missing=NO_SAMPLES)
     limit = slo_limit(slos, metric, key)
     if limit is not None and value is not None:
         ok = holds(value, limit[0], limit[1])
@@ -100,7 +101,7 @@ def slo_checks(slos: Slos, stats: WindowStats | None) -> list[tuple[str, bool | 
         for metric in ("ttft", "tpot", "e2e"):
             v = getattr(per, f"{metric}_us", None)
             if v is not None:
-                checks.append((f"{metric}<{fmt_ms(v).replace(' ', '')}", metric, "p99"))
+                checks.append((f"{metric}<{units.ms(v).replace(' ', '')}", metric, "p99"))
     checks += [(th.text, th.metric, th.stat) for th in slos.thresholds if th.stat is not None]
     out: list[tuple[str, bool | None]] = []
     for text, metric, stat in checks:
@@ -147,7 +148,7 @@ class LatencyPanel(Panel):
 
     def compose_extra(self) -> ComposeResult:
         yield Chart("ttft_p99", "TTFT P99 ms (10 s)", rows=4, colour="$primary",
-                    fmt=lambda ms: fmt_ms(None if ms is None else ms * 1000.0, missing="–"),
+                    fmt=lambda ms: units.ms(units.us_of_ms(ms), missing=NO_SAMPLES),
                     limit=lambda: self._slo_limit,
                     classes="chart", id="latency-chart")
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from loadgen.model import units
 from loadgen.model.snapshot import ServerMetrics, Snapshot
 from loadgen.model.windows import WindowStats
-from tui.format import MUTED, NA, fmt_count, fmt_num, fmt_rate, literal
+from tui.format import MUTED, literal
 from tui.view import View
 from tui.widgets.chart import spark_markup
 from tui.widgets.panel import Panel
@@ -17,7 +18,7 @@ def lbl(text: str) -> str:
 def target_line(snap: Snapshot) -> str:
     load = snap.load
     if load.mode == "open":
-        rate = NA if load.target_rate is None else f"{load.target_rate:g}"
+        rate = units.NA if load.target_rate is None else f"{load.target_rate:g}"
         arrival = f" {literal(load.arrival)}" if load.arrival else ""
         cap = f"  {lbl('cap')}{load.max_in_flight}" if load.max_in_flight else ""
         return f"{lbl('rate')}[b $accent]{rate}[/] req/s[{MUTED}]{arrival}[/]{cap}"
@@ -27,21 +28,21 @@ def target_line(snap: Snapshot) -> str:
 def server_line(server: ServerMetrics | None) -> str:
     """Server waiting/running; "n/a" (never 0) when there is no scrape or it failed."""
     if server is None:
-        return f"{lbl('server')} {lbl('waiting')}{NA}  {lbl('running')}{NA}"
+        return f"{lbl('server')} {lbl('waiting')}{units.NA}  {lbl('running')}{units.NA}"
     if not server.ok:
         why = literal(server.error or "scrape failed")
-        return f"{lbl('server')} {NA} [$warning]({why})[/]"
+        return f"{lbl('server')} {units.NA} [$warning]({why})[/]"
     return (
-        f"{lbl('server')} {lbl('waiting')}[b]{fmt_num(server.waiting)}[/]"
-        f"  {lbl('running')}[b]{fmt_num(server.running)}[/]"
+        f"{lbl('server')} {lbl('waiting')}[b]{units.number(server.waiting)}[/]"
+        f"  {lbl('running')}[b]{units.number(server.running)}[/]"
     )
 
 
 def rates_line(ten: WindowStats | None) -> str:
-    req = fmt_rate(ten.req_s if ten else None)
+    req = units.rate(ten.req_s if ten else None)
     err_s = ten.err_s if ten else None
     err_colour = "$error" if err_s else "$foreground"
-    return f"{lbl('req/s')}{req}  {lbl('err/s')}[{err_colour}]{fmt_rate(err_s)}[/]"
+    return f"{lbl('req/s')}{req}  {lbl('err/s')}[{err_colour}]{units.rate(err_s)}[/]"
 
 
 def errors_line(ten: WindowStats | None, total: dict[str, int]) -> str:
@@ -50,11 +51,11 @@ def errors_line(ten: WindowStats | None, total: dict[str, int]) -> str:
     secs = ten.seconds if ten is not None and ten.seconds > 0 else None
     kinds = sorted(((n, k) for k, n in recent.items() if n), reverse=True)
     if kinds and secs:
-        parts = " · ".join(f"{literal(k)} {fmt_rate(n / secs)}/s" for n, k in kinds)
+        parts = " · ".join(f"{literal(k)} {units.rate(n / secs)}/s" for n, k in kinds)
         return f"{lbl('errors')}[$error]{parts}[/]"
     n_total = sum(total.values())
     if n_total:
-        return f"{lbl('errors')}none now [{MUTED}]({fmt_count(n_total)} in the run)[/]"
+        return f"{lbl('errors')}none now [{MUTED}]({units.count(n_total)} in the run)[/]"
     return f"{lbl('errors')}none"
 
 
@@ -66,10 +67,10 @@ def cache_line(snap: Snapshot, ten: WindowStats | None) -> str | None:
     parts = []
     if c is not None and c.cache_reported_input_tokens:
         share = c.cached_tokens / c.cache_reported_input_tokens
-        parts.append(f"{lbl('prefix cache')}[b]{share:.0%}[/] of prompt tokens")
+        parts.append(f"{lbl('prefix cache')}[b]{units.pct(share)}[/] of prompt tokens")
     server = snap.server
     if server is not None and server.ok and server.prefix_cache_hit_rate is not None:
-        parts.append(f"{lbl('server')}{server.prefix_cache_hit_rate:.0%}")
+        parts.append(f"{lbl('server')}{units.pct(server.prefix_cache_hit_rate)}")
     turns = [(i + 1, t) for i, t in enumerate(snap.counters.turns) if t.requests]
     if turns:
         shown = " ".join(f"{n}:{t.ttft_us / t.requests / 1000:.0f}" for n, t in turns[:6])

@@ -6,9 +6,10 @@ from collections.abc import Mapping
 
 from textual.app import ComposeResult
 
+from loadgen.model import units
 from loadgen.model.snapshot import Counters
 from loadgen.model.windows import WindowStats
-from tui.format import MUTED, fmt_count, fmt_rate
+from tui.format import MUTED
 from tui.view import View
 from tui.widgets.chart import Chart
 from tui.widgets.panel import Panel
@@ -40,13 +41,13 @@ def rate_rows(stats: Mapping[str, WindowStats], windows: list[str], goodput: boo
     header = f"{'':{LABEL_W}}" + "".join(w.rjust(COL_W) for w in windows)
     rows = [
         f"[{MUTED}]{header}[/]",
-        _row("out tok/s", [fmt_rate(s.output_tok_s if s else None) for s in picked], estimated),
-        _row("in tok/s", [fmt_rate(s.input_tok_s if s else None) for s in picked]),
-        _row("req/s", [fmt_rate(s.req_s if s else None) for s in picked]),
-        _row("user tok/s", [fmt_rate(per_user(s)) for s in picked]),
+        _row("out tok/s", [units.rate(s.output_tok_s if s else None) for s in picked], estimated),
+        _row("in tok/s", [units.rate(s.input_tok_s if s else None) for s in picked]),
+        _row("req/s", [units.rate(s.req_s if s else None) for s in picked]),
+        _row("user tok/s", [units.rate(per_user(s)) for s in picked]),
     ]
     if goodput:
-        rows.append(_row("goodput", [fmt_rate(s.goodput_req_s if s else None) for s in picked]))
+        rows.append(_row("goodput", [units.rate(s.goodput_req_s if s else None) for s in picked]))
     else:
         rows.append(f"[{MUTED}]{'goodput'.ljust(LABEL_W)}n/a: no per-request --slo[/]")
     return rows
@@ -67,17 +68,17 @@ def prompt_row(run: WindowStats | None, lengths: str | None = None) -> list[str]
 
 def total_rows(c: Counters, compact: bool) -> list[str]:
     """Run totals; compact (narrow) is one line, failures being in the Load panel already."""
-    failed = f"[$error]{fmt_count(c.requests_failed)}[/]" if c.requests_failed else "0"
+    failed = f"[$error]{units.count(c.requests_failed)}[/]" if c.requests_failed else "0"
     est = EST if c.estimated_output_tokens else ""
     if compact:
         return [
-            f"[{MUTED}]{'total'.ljust(LABEL_W)}[/]{fmt_count(c.requests_ok)} req"
-            f" · {fmt_count(c.output_tokens)} tok{est}"
+            f"[{MUTED}]{'total'.ljust(LABEL_W)}[/]{units.count(c.requests_ok)} req"
+            f" · {units.count(c.output_tokens)} tok{est}"
         ]
     return [
-        f"[{MUTED}]{'requests'.ljust(LABEL_W)}[/]{fmt_count(c.requests_ok)} ok · {failed} failed",
-        f"[{MUTED}]{'tokens'.ljust(LABEL_W)}[/]{fmt_count(c.output_tokens)} out"
-        f" · {fmt_count(c.input_tokens)} in{est}",
+        f"[{MUTED}]{'requests'.ljust(LABEL_W)}[/]{units.count(c.requests_ok)} ok · {failed} failed",
+        f"[{MUTED}]{'tokens'.ljust(LABEL_W)}[/]{units.count(c.output_tokens)} out"
+        f" · {units.count(c.input_tokens)} in{est}",
     ]
 
 
