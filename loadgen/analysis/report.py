@@ -40,10 +40,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import numpy as np
+from msgspec import UNSET, UnsetType
 
-from loadgen.analysis.soak import MIN_SLOPE_SPAN_H, SoakAnalyzer
+from loadgen.analysis.soak import MIN_SLOPE_SPAN_H, Slope, SoakAnalyzer, SoakResult
 from loadgen.model import units
 from loadgen.model.slo import parse_slos
 from loadgen.model.snapshot import Snapshot
@@ -73,6 +76,35 @@ def pick_bucket(span_s: float) -> float:
     return 10.0
 
 
+class Pause(msgspec.Struct, kw_only=True):
+    start: float
+    end: float
+    start_rel: float
+    duration_s: float
+    ongoing: bool  # still paused at the last Snapshot
+
+
+class NotWritten(msgspec.Struct, kw_only=True):
+    file: str
+    why: str  # in words: "disk full"
+
+
+class Report(SoakResult, kw_only=True):
+    """What `tokentop report` computes of a run directory (report.json): the soak analysis
+    and what the directory says of the run."""
+
+    pauses: list[Pause] = msgspec.field(default_factory=list)  # not in the first reports
+    run_dir: str
+    manifest: dict[str, Any]  # manifest.json's facts about the run, as it has them
+    status: str  # the run's state in words (STATUS_TEXT)
+    slo: str | None
+    warnings: list[str]  # what reading the Snapshots warned of
+    # set by write_report (absent from analyze_dir's): files that could not be written,
+    # and the PNGs that were
+    not_written: list[NotWritten] | UnsetType = UNSET
+    plots: list[str] | UnsetType = UNSET
+
+
 class Pauses:
     """When the load was paused (the `p` key, MQTT), from each Snapshot's load state: the
     analyzer keeps no series of it."""
@@ -90,29 +122,39 @@ class Pauses:
         else:
             self._open[1] = snap.t
 
-    def spans(self, start_time: float) -> list[dict]:
-        return [{"start": a, "end": b, "start_rel": round(a - start_time, 3),
-                 "duration_s": round(b - a, 3), "ongoing": s is self._open}
+    def spans(self, start_time: float) -> list[Pause]:
+        return [Pause(start=a, end=b, start_rel=round(a - start_time, 3),
+                      duration_s=round(b - a, 3), ongoing=s is self._open)
                 for s in self._spans for a, b in [s]]
 
 
 MIN_SLOPE_SPAN_S = MIN_SLOPE_SPAN_H * 3600
 
 
-def withhold_short_slope(s: dict, span_s: float) -> None:
+def withhold_short_slope(s: Slope, span_s: float) -> None:
     """A slope over less than MIN_SLOPE_SPAN_S of samples is start-up growth, not a leak
     (a 17 s run read +36056 MB/h): null, with the reason, so nobody quotes the figure."""
-    if s.get("trend", True):
+    if s.trend:
         return
-    s["slope_mb_h"] = None
-    s["min_span_s"] = MIN_SLOPE_SPAN_S
-    s["slope_withheld"] = (f"run too short for a slope ({_fmt_s(span_s)}; "
+    s.slope_mb_h = None
+    s.min_span_s = MIN_SLOPE_SPAN_S
+    s.slope_withheld = (f"run too short for a slope ({_fmt_s(span_s)}; "
                            f"needs ≥ {_fmt_s(MIN_SLOPE_SPAN_S)})")
 
 
 def analyze_dir(run_dir: Path | str, *, slo: str | None = None, bucket_s: float | None = None,
                 tail_k: float = 5.0, tail_abs_us: dict[str, float] | None = None,
                 warnings: list[str] | None = None) -> tuple[dict, SoakAnalyzer]:
+    """soak_report's Report as plain JSON-able values (report.json's, less the files)."""
+    r, analyzer = soak_report(run_dir, slo=slo, bucket_s=bucket_s, tail_k=tail_k,
+                              tail_abs_us=tail_abs_us, warnings=warnings)
+    return msgspec.to_builtins(r), analyzer
+
+
+def soak_report(run_dir: Path | str, *, slo: str | None = None, bucket_s: float | None = None,
+                tail_k: float = 5.0, tail_abs_us: dict[str, float] | None = None,
+                warnings: list[str] | None = None) -> tuple[Report, SoakAnalyzer]:
+    """The Report of a run directory (nothing written) and the analyzer (its plot series)."""
     run_dir = Path(run_dir)
     warnings = warnings if warnings is not None else []
     manifest = read_manifest(run_dir)
@@ -128,19 +170,21 @@ def analyze_dir(run_dir: Path | str, *, slo: str | None = None, bucket_s: float 
     for snap in iter_snapshots(run_dir, warn=warnings.append):
         analyzer.add(snap)
         pauses.see(snap)
-    result = analyzer.result()
-    result["pauses"] = pauses.spans(analyzer.start_time or 0.0)
-    for key, slope in (("server_rss", analyzer.rss), ("gpu_memory", analyzer.gpu_mem)):
-        withhold_short_slope(result["drift"][key], slope.span_h * 3600)  # span_h there: rounded
+    soak = analyzer.analysis()
+    drift = soak.drift
+    # the analyzer's span_h, unrounded (the Slope's is rounded)
+    withhold_short_slope(drift.server_rss, analyzer.rss.span_h * 3600)
+    withhold_short_slope(drift.gpu_memory, analyzer.gpu_mem.span_h * 3600)
     state = run_state(run_dir)  # after reading: a run that ended meanwhile says so
-    result["run_dir"] = str(run_dir)
-    result["manifest"] = {k: manifest.get(k) for k in (
-        "tokentop_version", "run_id", "status", "start_time", "end_time", "engine", "host",
-        "gpus", "gpu_source", "resumes", "recording_stopped")}
-    result["state"] = state
-    result["status"] = STATUS_TEXT.get(state, state) + ("" if manifest else "; no manifest.json")
-    result["slo"] = slo
-    result["warnings"] = warnings
+    result = Report(
+        **(msgspec.structs.asdict(soak) | {"state": state}),  # the run's, not its load's
+        pauses=pauses.spans(analyzer.start_time or 0.0),
+        run_dir=str(run_dir),
+        manifest={k: manifest.get(k) for k in (
+            "tokentop_version", "run_id", "status", "start_time", "end_time", "engine", "host",
+            "gpus", "gpu_source", "resumes", "recording_stopped")},
+        status=STATUS_TEXT.get(state, state) + ("" if manifest else "; no manifest.json"),
+        slo=slo, warnings=warnings)
     return result, analyzer
 
 
@@ -561,7 +605,7 @@ def figures(r: dict, analyzer: SoakAnalyzer) -> dict:
 
 
 def plot(r: dict, analyzer: SoakAnalyzer, out_dir: Path,
-         not_written: list[dict] | None = None) -> list[str]:
+         not_written: list[NotWritten] | None = None) -> list[str]:
     """The PNGs written; one that cannot be (a full disk) is removed, noted in not_written."""
     figs = figures(r, analyzer)  # first: it picks the Agg backend before pyplot is imported
     import matplotlib.pyplot as plt
@@ -584,7 +628,7 @@ def _why(e: OSError) -> str:
             errno.EFBIG: "file size limit reached"}.get(e.errno, e.strerror or str(e))
 
 
-def _written(path: Path, write, not_written: list[dict] | None) -> bool:
+def _written(path: Path, write, not_written: list[NotWritten] | None) -> bool:
     """`write(file)` into `path`; on failure the partial file is removed (no 0-byte PNG left
     to look like a plot) and the failure noted, for the one line that names them all."""
     try:
@@ -596,7 +640,7 @@ def _written(path: Path, write, not_written: list[dict] | None) -> bool:
             path.unlink()
         if not_written is None:
             raise
-        not_written.append({"file": path.name, "why": _why(e)})
+        not_written.append(NotWritten(file=path.name, why=_why(e)))
         return False
 
 
@@ -611,29 +655,43 @@ def write_report(run_dir: Path | str, *, out_dir: Path | str | None = None,
                  slo: str | None = None, plots: bool = True, bucket_s: float | None = None,
                  tail_k: float = 5.0, tail_abs_us: dict[str, float] | None = None,
                  out=sys.stdout) -> tuple[int, dict]:
-    """Analyse, print the summary, write report.json/report.md/PNGs; (exit code, result).
+    """Analyse, print the summary, write report.json/report.md/PNGs; (exit code, result as
+    plain JSON-able values). See write_soak_report."""
+    code, r = write_soak_report(run_dir, out_dir=out_dir, slo=slo, plots=plots,
+                                bucket_s=bucket_s, tail_k=tail_k, tail_abs_us=tail_abs_us,
+                                out=out)
+    return code, msgspec.to_builtins(r)
+
+
+def write_soak_report(run_dir: Path | str, *, out_dir: Path | str | None = None,
+                      slo: str | None = None, plots: bool = True, bucket_s: float | None = None,
+                      tail_k: float = 5.0, tail_abs_us: dict[str, float] | None = None,
+                      out=sys.stdout) -> tuple[int, Report]:
+    """Analyse, print the summary, write report.json/report.md/PNGs; (exit code, Report).
 
     The summary comes first: what was computed is shown even when nothing can be written.
-    Files that could not be written are in r["not_written"] ({file, why}) and make it 2.
+    Files that could not be written are in r.not_written and make it 2.
     Raises RunDirError / ConfigError / SnapshotVersionError with a message for the user."""
     run_dir = Path(run_dir)
     warnings: list[str] = []
-    r, analyzer = analyze_dir(run_dir, slo=slo, bucket_s=bucket_s, tail_k=tail_k,
+    r, analyzer = soak_report(run_dir, slo=slo, bucket_s=bucket_s, tail_k=tail_k,
                               tail_abs_us=tail_abs_us, warnings=warnings)
-    for line in summary_lines(r):
+    shown = msgspec.to_builtins(r)  # the text and the plots read the plain values
+    for line in summary_lines(shown):
         print(line, file=out, flush=True)
     target = Path(out_dir) if out_dir else run_dir
-    not_written: list[dict] = r.setdefault("not_written", [])
+    not_written: list[NotWritten] = []
+    r.not_written = not_written
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        not_written.append({"file": str(target), "why": _why(e)})
+        not_written.append(NotWritten(file=str(target), why=_why(e)))
         return 2, r
-    written = plot(r, analyzer, target, not_written) if plots else []
-    r["plots"] = written
+    written = plot(shown, analyzer, target, not_written) if plots else []
+    r.plots = written
     files = list(written)
-    texts = {"report.md": lambda: markdown(r, written),
-             "report.json": lambda: json.dumps(r, indent=2, default=str)}
+    texts = {"report.md": lambda: markdown(shown, written),
+             "report.json": lambda: json.dumps(msgspec.to_builtins(r), indent=2, default=str)}
     for name, text in texts.items():  # the md first: the json then holds the whole result
         if _written(target / name, _text(text() + "\n"), not_written):
             files.append(str(target / name))
@@ -641,4 +699,4 @@ def write_report(run_dir: Path | str, *, out_dir: Path | str | None = None,
         print(f"wrote {f}", file=out)
     if not_written:
         return 2, r
-    return (3 if r["thresholds_passed"] is False else 0), r
+    return (3 if r.thresholds_passed is False else 0), r

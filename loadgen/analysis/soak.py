@@ -36,6 +36,9 @@ run started, gaps included):
   (`tail_abs_us`), or `tail_k` × the run's median per-tick P99 of that metric.
 * thresholds (`--slo ttft_p99<500ms,error_rate<0.1%`): evaluated on the whole
   run after warm-up, each pass/fail, with `Threshold.passes`.
+
+The result is a SoakResult (typed, `analysis()`), or the same as plain JSON-able values
+(`result()`, what report.json holds): its keys are the Structs' field names, in their order.
 """
 
 from __future__ import annotations
@@ -43,9 +46,11 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
+from msgspec import UNSET, UnsetType
 
 from loadgen.model import hdr
 from loadgen.model.outage import GAP_EPSILON_S, OUTAGE_MIN_S, OutageTracker, Tick
@@ -70,6 +75,232 @@ SERIES = (
 NAN = float("nan")
 
 
+# ---- the result ----------------------------------------------------------------------------
+# Values are as report.json has them: times in unix seconds, latencies in ms, memory in MB.
+# A field that is UNSET is left out of the JSON, as the dicts before these Structs left it out;
+# one with a default is one that a report.json of an older tokentop may not have.
+
+
+class _Part(msgspec.Struct):
+    """A part of the result. Each is kw_only (msgspec's setting is per class): built by
+    name, never by position."""
+
+
+class OutageRecord(_Part, kw_only=True):
+    kind: str  # client | server
+    start: float
+    end: float
+    start_rel: float
+    ongoing: bool  # still going at the last Snapshot
+    failed: int  # requests that failed inside it (client)
+    errors: dict[str, int]
+    reason: str | None  # client: why, in words; server: the probe's words
+    gap_s: float = 0.0  # recording gaps inside it: not counted in its duration
+    duration_s: float
+
+
+class Mttr(_Part, kw_only=True):
+    """The mean duration of the closed outages, by kind and of their union (`any`)."""
+
+    client: float | None
+    server: float | None
+    any: float | None
+
+
+class Stall(_Part, kw_only=True):
+    start: float
+    start_rel: float
+    end: float | None  # None: still stalled at the last Snapshot
+    stalled: int
+    in_flight: int
+    message: str
+
+
+class Stalls(_Part, kw_only=True):
+    count: int  # every episode; `episodes` holds the first STALL_LIST_MAX
+    episodes: list[Stall]
+
+
+class Gap(_Part, kw_only=True):
+    start: float
+    end: float
+    duration_s: float
+    start_rel: float
+    after_seq: int
+    resumed_seq: int
+
+
+class Rates(_Part, kw_only=True):
+    """After warm-up (loadgen.model.slo.rates_from, rounded)."""
+
+    error_rate: float | None
+    req_s: float | None
+    output_tok_s: float | None
+    goodput_req_s: float | None
+
+
+class ThresholdResult(_Part, kw_only=True):
+    """One --slo threshold on the whole run (loadgen.model.slo.evaluate_thresholds)."""
+
+    text: str
+    metric: str
+    stat: str | None
+    op: str
+    limit: float
+    measured: int | float | None  # in `unit`: us for latencies (an HDR value: an int)
+    unit: str  # us | fraction | per_s
+    passed: bool
+    shown: str
+
+
+class Slope(_Part, kw_only=True):
+    """A memory series' least-squares slope; withheld (None, with why) when too short."""
+
+    slope_mb_h: float | None
+    samples: int
+    span_h: float
+    trend: bool  # the span is long enough for a trend (MIN_SLOPE_SPAN_H)
+    first_mb: float | None
+    last_mb: float | None
+    peak_mb: float | None
+    min_span_s: float | UnsetType = UNSET  # set with slope_withheld (loadgen.analysis.report)
+    slope_withheld: str | UnsetType = UNSET
+
+
+class TickStats(_Part, kw_only=True):
+    """A metric's latency over a drift bucket."""
+
+    count: int
+    p50_ms: float | None
+    p99_ms: float | None
+    p99_9_ms: float | None = msgspec.field(name="p99.9_ms")
+    max_ms: float | None
+
+
+class Bucket(_Part, kw_only=True):
+    """One drift bucket; its per-metric stats are fields named as TICK_METRICS."""
+
+    index: int
+    start_elapsed_s: float
+    seconds: float
+    ttft: TickStats
+    itl: TickStats
+    output_tok_s: float | None
+    req_s: float | None
+    error_rate: float | None
+    server_rss_mb: float | None
+    gpu_mem_mb: float | None
+    # the first bucket has none: "ttft_p99", "ttft_p99.9", …, "output_tok_s" → ratio
+    vs_first: dict[str, float | None] | UnsetType = UNSET
+
+
+class Drift(_Part, kw_only=True):
+    bucket_s: float
+    buckets: list[Bucket]
+    server_rss: Slope
+    gpu_memory: Slope
+    throughput_change: float | None  # last bucket's throughput / the first's
+
+
+class TailInterval(_Part, kw_only=True):
+    """A tick whose P99.9 or max of a latency broke the long-tail limit."""
+
+    t: float
+    rel: float
+    elapsed: float
+    seq: int
+    metric: str
+    count: int
+    p99_ms: float | None
+    p99_9_ms: float | None = msgspec.field(name="p99.9_ms")
+    max_ms: float | None
+    in_flight: int
+    server_waiting: float | None
+    limit_ms: float | None = None  # set when the limit is known (at the end)
+    x_limit: float = 0.0
+    context: list[str] = msgspec.field(default_factory=list)
+
+
+class LongTail(_Part, kw_only=True):
+    limits_ms: dict[str, float | None]  # by metric (TICK_METRICS)
+    rule: str
+    counts: dict[str, int]  # ticks above the limit, by metric
+    intervals: list[TailInterval]  # the worst TAIL_LIST_MAX, in time order
+
+
+class EventLine(_Part, kw_only=True):
+    """A warn/error event, or an info one of KEPT_INFO_EVENTS."""
+
+    t: float
+    rel: float
+    kind: str
+    level: str
+    message: str
+
+
+class RunTarget(_Part, kw_only=True):
+    url: str | None
+    model: str | None
+    simulated: bool
+
+
+class Requests(_Part, kw_only=True):
+    """The whole run's counters (warm-up included)."""
+
+    ok: int
+    failed: int
+    cancelled: int
+    errors: dict[str, int]
+    output_tokens: int
+    input_tokens: int
+
+
+class Measured(_Part, kw_only=True):
+    """Requests after warm-up: what the success rate is of."""
+
+    ok: int
+    failed: int
+
+
+# a latency summary (loadgen.model.hdr.summarize, in ms): count, min, mean, p50 … p99.9, max;
+# a mapping, not a Struct: its keys come from hdr.PERCENTILES, and their order from the data
+Summary = dict[str, int | float | None]
+
+
+class SoakResult(_Part, kw_only=True):
+    run_id: str | None
+    start_time: float | None
+    last_t: float | None
+    wall_s: float
+    elapsed_s: float
+    measured_s: float
+    ticks: int
+    state: str | None
+    target: RunTarget | None
+    requests: Requests
+    measured_requests: Measured | None = None  # None: an analysis before it (the whole run's)
+    success_rate: float | None
+    success_rate_during_outages: float | None
+    outages: list[OutageRecord]
+    mttr_s: Mttr
+    outage_s: float | None = None  # None: an analysis from before these three
+    availability: float | None = None
+    stalls: Stalls | None = None
+    server_metrics_never_answered: str | None
+    gaps: list[Gap]
+    latency_ms: dict[str, Summary]  # by metric (RUN_METRICS)
+    rates: Rates
+    thresholds: list[ThresholdResult]
+    thresholds_passed: bool | None
+    drift: Drift
+    long_tail: LongTail
+    event_counts: dict[str, int]
+    events: list[EventLine]  # the last 200
+
+
+# ---- analysing -----------------------------------------------------------------------------
+
+
 @dataclass
 class Outage:
     kind: str  # client | server
@@ -92,8 +323,11 @@ class Outage:
                    start_rel=round(o.start - start_time, 3), ongoing=ongoing, failed=o.failed,
                    errors=dict(o.errors), reason=o.words(), gap_s=round(o.gap_s, 3))
 
-    def as_dict(self) -> dict:
-        return {**asdict(self), "duration_s": round(self.duration_s, 3)}
+    def record(self) -> OutageRecord:
+        return OutageRecord(kind=self.kind, start=self.start, end=self.end,
+                            start_rel=self.start_rel, ongoing=self.ongoing, failed=self.failed,
+                            errors=dict(self.errors), reason=self.reason, gap_s=self.gap_s,
+                            duration_s=round(self.duration_s, 3))
 
 
 @dataclass
@@ -147,11 +381,11 @@ class _Slope:
             return None
         return (self.n * self.sxy - self.sx * self.sy) / d
 
-    def as_dict(self) -> dict:
+    def record(self) -> Slope:
         s = self.slope()
-        return {"slope_mb_h": None if s is None else round(s, 3), "samples": self.n,
-                "span_h": round(self.span_h, 4), "trend": self.span_h >= MIN_SLOPE_SPAN_H,
-                "first_mb": _r(self.first), "last_mb": _r(self.last), "peak_mb": _r(self.peak)}
+        return Slope(slope_mb_h=None if s is None else round(s, 3), samples=self.n,
+                     span_h=round(self.span_h, 4), trend=self.span_h >= MIN_SLOPE_SPAN_H,
+                     first_mb=_r(self.first), last_mb=_r(self.last), peak_mb=_r(self.peak))
 
 
 def _r(x: float | None, digits: int = 3) -> float | None:
@@ -188,13 +422,13 @@ class SoakAnalyzer:
         self.series: dict[str, array] = {
             k: array("d" if k in ("rel", "elapsed") else "f") for k in SERIES
         }
-        self.events: list[dict] = []  # warn/error events and run/operator notes, capped
+        self.events: list[EventLine] = []  # warn/error events and run/operator notes, capped
         self.event_counts: dict[str, int] = {}
         self.outages: list[Outage] = []
-        self.gaps: list[dict] = []
+        self.gaps: list[Gap] = []
         self.tracker = OutageTracker()  # the one definition (loadgen.model.outage)
         self._metrics_down: _Open | None = None  # the server outage (/metrics) being seen
-        self.stalls: list[dict] = []  # stall episodes, the first STALL_LIST_MAX
+        self.stalls: list[Stall] = []  # stall episodes, the first STALL_LIST_MAX
         self.stall_count = 0
         # ticks of the current stretch of trouble (a quiet span or /metrics down), kept until
         # it is over and known to be an outage or not: (start, end, ok, failed) each
@@ -203,7 +437,7 @@ class SoakAnalyzer:
         self.server_never_ok_reason: str | None = None
         self.run_dense = {m: np.zeros(hdr.COUNTS_LEN, np.int64) for m in RUN_METRICS}
         self._bucket: dict | None = None
-        self.buckets: list[dict] = []
+        self.buckets: list[Bucket] = []
         self.rss = _Slope()
         self.gpu_mem = _Slope()
         self.first: Snapshot | None = None
@@ -214,7 +448,7 @@ class SoakAnalyzer:
         self._fault_ok = self._fault_failed = 0  # ticks inside an outage, resolved
         # median of the per-tick P99 (as an HDR count of those values) for the tail limit
         self._p99_of_ticks = {m: np.zeros(hdr.COUNTS_LEN, np.int64) for m in TICK_METRICS}
-        self._tail: list[tuple[float, int, dict]] = []  # heap of the worst ticks
+        self._tail: list[tuple[float, int, TailInterval]] = []  # heap of the worst ticks
         self._tail_seq = 0
         self.start_time: float | None = None
 
@@ -287,8 +521,9 @@ class SoakAnalyzer:
         for ev in snap.events:
             self.event_counts[ev.kind] = self.event_counts.get(ev.kind, 0) + 1
             if (ev.level != "info" or ev.kind in KEPT_INFO_EVENTS) and len(self.events) < 5000:
-                self.events.append({"t": ev.t, "rel": round(ev.t - (self.start_time or 0), 3),
-                                    "kind": ev.kind, "level": ev.level, "message": ev.message})
+                self.events.append(EventLine(
+                    t=ev.t, rel=round(ev.t - (self.start_time or 0), 3), kind=ev.kind,
+                    level=ev.level, message=ev.message))
 
         if self.keep_series:
             srv = snap.server
@@ -315,9 +550,9 @@ class SoakAnalyzer:
         """Listed; an outage that spans it goes on (the tracker leaves the gap out of its
         duration): nobody watched, so nothing says it ended."""
         start, end = prev.t, snap.t - snap.interval
-        self.gaps.append({"start": start, "end": end, "duration_s": round(end - start, 3),
-                          "start_rel": round(start - (self.start_time or start), 3),
-                          "after_seq": prev.seq, "resumed_seq": snap.seq})
+        self.gaps.append(Gap(start=start, end=end, duration_s=round(end - start, 3),
+                             start_rel=round(start - (self.start_time or start), 3),
+                             after_seq=prev.seq, resumed_seq=snap.seq))
 
     def _client_outage(self, observed: Tick) -> None:
         """The live run's tracker, over the recording: the same outages and stalls."""
@@ -328,13 +563,12 @@ class SoakAnalyzer:
             elif change.kind == "stall" and change.level != "info":
                 self.stall_count += 1
                 if len(self.stalls) < STALL_LIST_MAX:
-                    self.stalls.append({
-                        "start": change.t, "start_rel": round(change.t - (self.start_time or 0),
-                                                              3),
-                        "end": None, "stalled": observed.stalled,
-                        "in_flight": observed.in_flight, "message": change.message})
-            elif change.kind == "stall" and self.stalls and self.stalls[-1]["end"] is None:
-                self.stalls[-1]["end"] = change.t
+                    self.stalls.append(Stall(
+                        start=change.t, start_rel=round(change.t - (self.start_time or 0), 3),
+                        end=None, stalled=observed.stalled, in_flight=observed.in_flight,
+                        message=change.message))
+            elif change.kind == "stall" and self.stalls and self.stalls[-1].end is None:
+                self.stalls[-1].end = change.t
 
     def _server_outage(self, snap: Snapshot, rel: float, failed: int, uncovered: float) -> None:
         srv = snap.server
@@ -436,29 +670,26 @@ class SoakAnalyzer:
         if b is None:
             return
         self._bucket = None
-        row: dict = {"index": b["index"], "start_elapsed_s": b["index"] * self.bucket_s,
-                     "seconds": round(b["seconds"], 3)}
-        for m in TICK_METRICS:
-            count, p50, p99, p999, mx = quick_stats(b["dense"][m])
-            row[m] = {"count": count, "p50_ms": _ms(p50), "p99_ms": _ms(p99),
-                      "p99.9_ms": _ms(p999), "max_ms": _ms(mx)}
         n = b["ok"] + b["failed"]
         secs = b["seconds"]
-        row["output_tok_s"] = _r(b["output_tokens"] / secs if secs > 0 else None, 1)
-        row["req_s"] = _r(b["ok"] / secs if secs > 0 else None, 3)
-        row["error_rate"] = _r(b["failed"] / n if n else None, 6)
-        row["server_rss_mb"] = _r(b["rss"][0] if b["rss"] else None, 1)
-        row["gpu_mem_mb"] = _r(b["gpu"][0] if b["gpu"] else None, 1)
-        self.buckets.append(row)
+        stats = {m: _tick_stats(b["dense"][m]) for m in TICK_METRICS}
+        self.buckets.append(Bucket(
+            index=b["index"], start_elapsed_s=b["index"] * self.bucket_s,
+            seconds=round(secs, 3), ttft=stats["ttft"], itl=stats["itl"],
+            output_tok_s=_r(b["output_tokens"] / secs if secs > 0 else None, 1),
+            req_s=_r(b["ok"] / secs if secs > 0 else None, 3),
+            error_rate=_r(b["failed"] / n if n else None, 6),
+            server_rss_mb=_r(b["rss"][0] if b["rss"] else None, 1),
+            gpu_mem_mb=_r(b["gpu"][0] if b["gpu"] else None, 1)))
 
     def _tail_candidate(self, snap: Snapshot, rel: float, metric: str, st: tuple) -> None:
         count, _p50, p99, p999, mx = st
         # keep the worst ticks by max (the limit is only known at the end); bounded heap
-        item = {"t": snap.t, "rel": round(rel, 3), "elapsed": round(snap.elapsed, 3),
-                "seq": snap.seq, "metric": metric, "count": count, "p99_ms": _ms(p99),
-                "p99.9_ms": _ms(p999), "max_ms": _ms(mx), "in_flight": snap.load.in_flight,
-                "server_waiting": snap.server.waiting if snap.server and snap.server.ok
-                else None}
+        item = TailInterval(
+            t=snap.t, rel=round(rel, 3), elapsed=round(snap.elapsed, 3), seq=snap.seq,
+            metric=metric, count=count, p99_ms=_ms(p99), p99_9_ms=_ms(p999), max_ms=_ms(mx),
+            in_flight=snap.load.in_flight,
+            server_waiting=snap.server.waiting if snap.server and snap.server.ok else None)
         self._tail_seq += 1
         key = (mx, self._tail_seq, item)
         if len(self._tail) < 20 * TAIL_LIST_MAX:
@@ -485,18 +716,20 @@ class SoakAnalyzer:
                 out[m] = None if med is None else self.tail_k * med
         return out
 
-    def long_tail(self) -> tuple[list[dict], dict[str, int]]:
+    def long_tail(self) -> tuple[list[TailInterval], dict[str, int]]:
         limits = self.tail_limits()
-        rows, counts = [], {}
+        rows: list[TailInterval] = []
+        counts: dict[str, int] = {}
         for _mx, _seq, item in self._tail:
-            limit = limits.get(item["metric"])
+            limit = limits.get(item.metric)
             if limit is None:
                 continue
-            worst = max(v for v in (item["p99.9_ms"], item["max_ms"]) if v is not None)
+            worst = max(v for v in (item.p99_9_ms, item.max_ms) if v is not None)
             if worst * 1e3 > limit:
-                rows.append({**item, "limit_ms": _ms(limit),
-                             "x_limit": round(worst * 1e3 / limit, 2)})
-                counts[item["metric"]] = counts.get(item["metric"], 0) + 1
+                # a copy: the heap's item stays as it was for a later result()
+                rows.append(msgspec.structs.replace(item, limit_ms=_ms(limit),
+                                                    x_limit=round(worst * 1e3 / limit, 2)))
+                counts[item.metric] = counts.get(item.metric, 0) + 1
         # the full count needs the per-tick series (the heap keeps the worst only)
         if self.keep_series:
             for m in TICK_METRICS:
@@ -507,16 +740,16 @@ class SoakAnalyzer:
                 mx = np.frombuffer(self.series[f"{m}_max"], np.float32)
                 counts[m] = int(np.count_nonzero((np.nan_to_num(p999) > limit)
                                                  | (np.nan_to_num(mx) > limit)))
-        rows.sort(key=lambda r: r["t"])
-        rows = sorted(rows, key=lambda r: -r["x_limit"])[:TAIL_LIST_MAX]
-        rows.sort(key=lambda r: r["t"])
+        rows.sort(key=lambda r: r.t)
+        rows = sorted(rows, key=lambda r: -r.x_limit)[:TAIL_LIST_MAX]
+        rows.sort(key=lambda r: r.t)
         for r in rows:
-            r["context"] = self._context(r["t"])
+            r.context = self._context(r.t)
         return rows, counts
 
     def _context(self, t: float) -> list[str]:
-        near = [e for e in self.events if abs(e["t"] - t) <= 5.0]
-        out = [f"{e['kind']}: {e['message']}" for e in near[:3]]
+        near = [e for e in self.events if abs(e.t - t) <= 5.0]
+        out = [f"{e.kind}: {e.message}" for e in near[:3]]
         for o in self.outages:
             if o.start - 5.0 <= t <= o.end + 5.0:
                 out.append(f"near a {o.kind} outage ({o.duration_s:.1f} s)")
@@ -524,6 +757,10 @@ class SoakAnalyzer:
 
     def result(self) -> dict:
         """Everything, as plain JSON-able values (ms for latencies, MB for memory)."""
+        return msgspec.to_builtins(self.analysis())
+
+    def analysis(self) -> SoakResult:
+        """Everything so far, typed; more Snapshots may come after."""
         last = self.last
         if self._bucket is not None:
             bucket = self._bucket
@@ -545,54 +782,57 @@ class SoakAnalyzer:
         thresholds = evaluate_thresholds(self.slos.thresholds, latency, rates) \
             if self.slos else []
         tail, tail_counts = self.long_tail()
-        mttr = {}
-        for kind in ("client", "server"):
-            closed = [o.duration_s for o in outages if o.kind == kind and not o.ongoing]
-            mttr[kind] = round(sum(closed) / len(closed), 3) if closed else None
-        union = _union([(o.start, o.end) for o in outages if not o.ongoing])
-        mttr["any"] = round(sum(e - s - self._gap_within(s, e) for s, e in union)
-                            / len(union), 3) if union else None
         covered = self.tracker.covered_s
-        return {
-            "run_id": last.run_id if last else None,
-            "start_time": self.start_time,
-            "last_t": last.t if last else None,
-            "wall_s": round(last.t - self.start_time, 3) if last and self.start_time else 0.0,
-            "elapsed_s": round(last.elapsed, 3) if last else 0.0,
-            "measured_s": round(seconds, 3),
-            "ticks": self.ticks,
-            "state": last.load.state if last else None,
-            "target": {"url": last.target.url, "model": last.target.model,
-                       "simulated": last.target.simulated} if last else None,
-            "requests": {"ok": c.requests_ok, "failed": c.requests_failed,
-                         "cancelled": c.requests_cancelled, "errors": dict(c.errors),
-                         "output_tokens": c.output_tokens, "input_tokens": c.input_tokens},
+        return SoakResult(
+            run_id=last.run_id if last else None,
+            start_time=self.start_time,
+            last_t=last.t if last else None,
+            wall_s=round(last.t - self.start_time, 3) if last and self.start_time else 0.0,
+            elapsed_s=round(last.elapsed, 3) if last else 0.0,
+            measured_s=round(seconds, 3),
+            ticks=self.ticks,
+            state=last.load.state if last else None,
+            target=RunTarget(url=last.target.url, model=last.target.model,
+                             simulated=last.target.simulated) if last else None,
+            requests=Requests(ok=c.requests_ok, failed=c.requests_failed,
+                              cancelled=c.requests_cancelled, errors=dict(c.errors),
+                              output_tokens=c.output_tokens, input_tokens=c.input_tokens),
             # after warm-up, like the thresholds (requests above are the whole run's)
-            "measured_requests": {"ok": measured_ok, "failed": measured_failed},
-            "success_rate": _r(measured_ok / n if n else None, 6),
-            "success_rate_during_outages": _r(fault_ok / fault_n if fault_n else None, 6),
-            "outages": [o.as_dict() for o in outages],
-            "mttr_s": mttr,
-            "outage_s": round(self.tracker.outage_s, 3),
-            "availability": _r(1.0 - self.tracker.outage_s / covered if covered > 0 else None,
-                               6),
-            "stalls": {"count": self.stall_count, "episodes": list(self.stalls)},
-            "server_metrics_never_answered": None if self._server_seen_ok
+            measured_requests=Measured(ok=measured_ok, failed=measured_failed),
+            success_rate=_r(measured_ok / n if n else None, 6),
+            success_rate_during_outages=_r(fault_ok / fault_n if fault_n else None, 6),
+            outages=[o.record() for o in outages],
+            mttr_s=self._mttr(outages),
+            outage_s=round(self.tracker.outage_s, 3),
+            availability=_r(1.0 - self.tracker.outage_s / covered if covered > 0 else None, 6),
+            stalls=Stalls(count=self.stall_count, episodes=list(self.stalls)),
+            server_metrics_never_answered=None if self._server_seen_ok
             else self.server_never_ok_reason,
-            "gaps": list(self.gaps),
-            "latency_ms": {m: {k: (v if k == "count" or v is None else round(v / 1e3, 3))
-                               for k, v in s.items()} for m, s in latency.items()},
-            "rates": {k: _r(v, 6) for k, v in rates.items()},
-            "thresholds": thresholds,
-            "thresholds_passed": all(t["passed"] for t in thresholds) if thresholds else None,
-            "drift": self._drift_result(buckets),
-            "long_tail": {"limits_ms": {m: _ms(v) for m, v in self.tail_limits().items()},
-                          "rule": ("absolute" if self.tail_abs_us
-                                   else f"{self.tail_k:g}x the median per-tick P99"),
-                          "counts": tail_counts, "intervals": tail},
-            "event_counts": dict(self.event_counts),
-            "events": self.events[-200:],
-        }
+            gaps=list(self.gaps),
+            latency_ms={m: {k: (v if k == "count" or v is None else round(v / 1e3, 3))
+                            for k, v in s.items()} for m, s in latency.items()},
+            rates=Rates(**{k: _r(v, 6) for k, v in rates.items()}),
+            thresholds=[ThresholdResult(**t) for t in thresholds],
+            thresholds_passed=all(t["passed"] for t in thresholds) if thresholds else None,
+            drift=self._drift_result(buckets),
+            long_tail=LongTail(
+                limits_ms={m: _ms(v) for m, v in self.tail_limits().items()},
+                rule="absolute" if self.tail_abs_us
+                else f"{self.tail_k:g}x the median per-tick P99",
+                counts=tail_counts, intervals=tail),
+            event_counts=dict(self.event_counts),
+            events=self.events[-200:],
+        )
+
+    def _mttr(self, outages: list[Outage]) -> Mttr:
+        def mean(kind: str) -> float | None:
+            closed = [o.duration_s for o in outages if o.kind == kind and not o.ongoing]
+            return round(sum(closed) / len(closed), 3) if closed else None
+
+        union = _union([(o.start, o.end) for o in outages if not o.ongoing])
+        union_mean = round(sum(e - s - self._gap_within(s, e) for s, e in union)
+                           / len(union), 3) if union else None
+        return Mttr(client=mean("client"), server=mean("server"), any=union_mean)
 
     def _measured_requests(self) -> tuple[int, int]:
         """(ok, failed) after warm-up: what the success rate is of."""
@@ -605,7 +845,7 @@ class SoakAnalyzer:
 
     def _gap_within(self, start: float, end: float) -> float:
         """Seconds of recording gaps inside [start, end]: not outage time."""
-        return sum(max(0.0, min(end, g["end"]) - max(start, g["start"])) for g in self.gaps)
+        return sum(max(0.0, min(end, g.end) - max(start, g.start)) for g in self.gaps)
 
     def run_summary(self) -> tuple[dict[str, dict], dict, float]:
         """Whole-run (after warm-up) latency summaries (µs), rates and measured seconds."""
@@ -622,24 +862,30 @@ class SoakAnalyzer:
                            c.output_tokens - base.output_tokens, seconds)
         return latency, rates, seconds
 
-    def _drift_result(self, buckets: list[dict]) -> dict:
+    def _drift_result(self, buckets: list[Bucket]) -> Drift:
         first = buckets[0] if buckets else None
         rows = []
         for b in buckets:
-            row = dict(b)
+            row = msgspec.structs.replace(b)  # a copy: the kept bucket has no vs_first
             if first is not None and b is not first:
                 vs = {}
                 for m in TICK_METRICS:
-                    for stat in ("p99_ms", "p99.9_ms"):
-                        a, x = first[m][stat], b[m][stat]
-                        vs[f"{m}_{stat.removesuffix('_ms')}"] = _ratio(x, a)
-                vs["output_tok_s"] = _ratio(b["output_tok_s"], first["output_tok_s"])
-                row["vs_first"] = vs
+                    a, x = getattr(first, m), getattr(b, m)
+                    vs[f"{m}_p99"] = _ratio(x.p99_ms, a.p99_ms)
+                    vs[f"{m}_p99.9"] = _ratio(x.p99_9_ms, a.p99_9_ms)
+                vs["output_tok_s"] = _ratio(b.output_tok_s, first.output_tok_s)
+                row.vs_first = vs
             rows.append(row)
-        return {"bucket_s": self.bucket_s, "buckets": rows,
-                "server_rss": self.rss.as_dict(), "gpu_memory": self.gpu_mem.as_dict(),
-                "throughput_change": _ratio(buckets[-1]["output_tok_s"],
-                                            first["output_tok_s"]) if len(buckets) > 1 else None}
+        return Drift(bucket_s=self.bucket_s, buckets=rows, server_rss=self.rss.record(),
+                     gpu_memory=self.gpu_mem.record(),
+                     throughput_change=_ratio(buckets[-1].output_tok_s, first.output_tok_s)
+                     if first is not None and len(buckets) > 1 else None)
+
+
+def _tick_stats(dense: np.ndarray) -> TickStats:
+    count, p50, p99, p999, mx = quick_stats(dense)
+    return TickStats(count=count, p50_ms=_ms(p50), p99_ms=_ms(p99), p99_9_ms=_ms(p999),
+                     max_ms=_ms(mx))
 
 
 def _ratio(x: float | None, a: float | None) -> float | None:

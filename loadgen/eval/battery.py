@@ -3,16 +3,8 @@ ordinary run through the one Session, recorded in OUT/runs/<phase>/ (replayable,
 `tokentop report`-able like any run), and keeps what each found in OUT/eval.json, written
 after every phase, so a killed eval resumes at the phase it was in.
 
-The phases, in order, and what each measures:
-
-  baseline    a fixed load: req/s, tok/s, TTFT / ITL / E2E P50–P99.9, errors, SLO verdicts
-  ramp        a sweep (loadgen.analysis.sweep): the knee and the max goodput
-  long_tail   a soak at a fraction of the knee: the intervals whose tail breaks out, drift
-  faults      the baseline load through a fault-injecting proxy (loadgen.eval.proxy) on the
-              plan's schedule: success rate, errors and recovery under each fault
-  leaks       the long tail's server RSS and GPU memory slopes (MB/h), judged past min_soak
-  efficiency  output tokens per joule and requests/s per watt, at the baseline and the knee
-  scaling     the load on 1, 2 … N targets at once: throughput against N × one
+The phases, in order, and what each measures: loadgen.eval.phases. What each finds is a
+typed result (loadgen.eval.results); eval.json is its JSON.
 
 A phase that cannot run here says why (no second target, a disabled phase); its rows in
 the matrix (loadgen.eval.matrix) say so too, never a silent blank. The embedded simulator
@@ -36,8 +28,10 @@ from typing import Any
 import msgspec
 import psutil
 
-from loadgen.analysis.report import analyze_dir, write_report
+from loadgen.analysis.report import Report, soak_report, write_soak_report
+from loadgen.analysis.soak import Slope
 from loadgen.analysis.sweep import SweepPlan, find_knee, run_sweep
+from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.plan import (
     FAULT_SETTLE_S,
     Phases,
@@ -47,6 +41,33 @@ from loadgen.eval.plan import (
     planned_seconds,
 )
 from loadgen.eval.proxy import FaultProxy, FaultSchedule, fault_spans
+from loadgen.eval.results import (
+    EVAL_FORMAT,
+    BaselineFigures,
+    ChaosFigures,
+    Dcgm,
+    EfficiencyAt,
+    EfficiencyFigures,
+    EvalState,
+    FaultsFigures,
+    GpuUse,
+    LeaksFigures,
+    LeakSlope,
+    LongTailFigures,
+    PhaseResult,
+    ProxyCounts,
+    RampFigures,
+    Results,
+    ScalingFigures,
+    ScalingRow,
+    UnderFault,
+    Workload,
+    done,
+    failed,
+    read_state,
+    skipped,
+    state_to_builtins,
+)
 from loadgen.record.rundir import iter_snapshots, write_json_atomic
 from loadgen.run.config import RunConfig
 from loadgen.run.embedded_sim import EmbeddedSim, SimStartError
@@ -56,11 +77,6 @@ from loadgen.run.sinks import ProgressLines
 from loadgen.run.summary import EXIT_UNUSABLE
 from probes.process import find_listener
 from probes.server_metrics import metrics_url_for
-
-EVAL_FORMAT = "tokentop-eval/1"
-ORDER = ("baseline", "ramp", "long_tail", "faults", "leaks", "efficiency", "scaling")
-# phases that put load on the server (the others compute from what those recorded)
-LOADED = ("baseline", "ramp", "long_tail", "faults", "scaling")
 
 Say = Callable[[str], None]
 
@@ -82,7 +98,7 @@ class Eval:
     say: Say = print
     chaos_restart_cmd: str | None = None
     dcgm_url: str | None = None  # a dcgm-exporter's /metrics: SM, tensor and DRAM activity
-    results: dict[str, dict] = field(default_factory=dict)
+    results: Results = field(default_factory=Results)
     started: float = field(default_factory=time.time)
     url: str = ""  # the target every phase loads (the embedded simulator's when no --url)
 
@@ -94,50 +110,57 @@ class Eval:
     def state_path(self) -> Path:
         return self.out / "eval.json"
 
+    def state(self, finished: bool = False, rows: list[dict] | None = None) -> EvalState:
+        return EvalState(
+            format=EVAL_FORMAT, started=self.started, finished=finished, quick=self.quick,
+            target=self.cfg.url or "embedded simulator",
+            workload=workload_of(self.cfg, self.phases), plan=plan_to_builtins(self.plan),
+            phases=self.results, rows=msgspec.UNSET if rows is None else rows)
+
     def save(self, finished: bool = False, rows: list[dict] | None = None) -> None:
-        write_json_atomic(self.state_path, {
-            "format": EVAL_FORMAT,
-            "started": self.started,
-            "finished": finished,
-            "quick": self.quick,
-            "target": self.cfg.url or "embedded simulator",
-            "workload": workload_of(self.cfg, self.phases),
-            "plan": plan_to_builtins(self.plan),
-            "phases": self.results,
-            **({"rows": rows} if rows is not None else {}),
-        })
+        write_json_atomic(self.state_path, state_to_builtins(self.state(finished, rows)))
 
 
-def workload_of(cfg: RunConfig, phases: Phases) -> dict:
-    """What the load sends, for compare to say where two evals' workloads differ."""
+def workload_of(cfg: RunConfig, phases: Phases) -> Workload:
     b = phases.baseline
-    return {"api": cfg.api, "model": cfg.model, "dataset": str(b.dataset),
-            "input_tokens": str(b.input_tokens), "output_tokens": str(b.output_tokens),
-            "tokenizer": cfg.tokenizer, "mode": b.mode,
-            "load": b.concurrency if b.mode == "closed" else b.rate}
+    return Workload(api=cfg.api, model=cfg.model, dataset=str(b.dataset),
+                    input_tokens=str(b.input_tokens), output_tokens=str(b.output_tokens),
+                    tokenizer=cfg.tokenizer, mode=b.mode,
+                    load=b.concurrency if b.mode == "closed" else b.rate)
 
 
-def load_state(out: Path) -> dict | None:
+def load_state(out: Path) -> EvalState | None:
     """An earlier eval in `out` (to resume), or None."""
     path = out / "eval.json"
     if not path.exists():
         return None
     try:
-        state = msgspec.json.decode(path.read_bytes())
+        raw = path.read_bytes()
+        format_ = msgspec.json.decode(raw, type=_Format).format
     except (OSError, msgspec.DecodeError) as e:
         raise EvalError(f"{path}: cannot be read to resume ({e})") from None
-    if not isinstance(state, dict) or state.get("format") != EVAL_FORMAT:
+    if format_ != EVAL_FORMAT:
         raise EvalError(f"{path} is not a tokentop eval")
-    return state
+    try:
+        return read_state(raw)
+    except msgspec.ValidationError as e:
+        raise EvalError(f"{path}: cannot be read to resume ({e})") from None
 
 
-def resumed(state: dict, cfg: RunConfig, out: Path, say: Say, **kw: Any) -> Eval:
+class _Format(msgspec.Struct):
+    """eval.json's format alone: whether it is an eval at all, before reading it as one."""
+
+    format: str | None = None
+
+
+def resumed(state: EvalState, cfg: RunConfig, out: Path, say: Say, **kw: Any) -> Eval:
     """The Eval an earlier eval.json describes, its finished phases kept."""
-    plan = plan_from_builtins(state["plan"], str(out / "eval.json"))
-    ev = Eval(cfg=cfg, plan=plan, quick=bool(state.get("quick")), out=out, say=say, **kw)
-    ev.started = float(state.get("started") or time.time())
-    ev.results = {k: v for k, v in (state.get("phases") or {}).items()
-                  if v.get("status") in ("done", "skipped")}
+    plan = plan_from_builtins(state.plan, str(out / "eval.json"))
+    ev = Eval(cfg=cfg, plan=plan, quick=state.quick, out=out, say=say, **kw)
+    ev.started = state.started
+    for name, result in state.phases.items():  # a failed phase runs again
+        if result.status in ("done", "skipped"):
+            ev.results.put(name, result)
     return ev
 
 
@@ -149,29 +172,28 @@ async def run_eval(ev: Eval) -> None:
     ev.out.mkdir(parents=True, exist_ok=True)
     sim = await _target(ev)
     try:
-        for i, name in enumerate(ORDER, 1):
-            if name in ev.results:
-                ev.say(f"eval: phase {i}/{len(ORDER)} {name}: done before, kept")
+        for i, name in enumerate(PHASES, 1):
+            if ev.results.of(name) is not None:
+                ev.say(f"eval: phase {i}/{len(PHASES)} {name}: done before, kept")
                 continue
-            ev.say(f"eval: phase {i}/{len(ORDER)} {name}{_time_left(ev, name)}")
+            ev.say(f"eval: phase {i}/{len(PHASES)} {name}{_time_left(ev, name)}")
             t0 = time.monotonic()
             result = await _phase(ev, name)
-            result["seconds"] = round(time.monotonic() - t0, 1)
-            ev.results[name] = result
+            result.seconds = round(time.monotonic() - t0, 1)
+            ev.results.put(name, result)
             ev.save()
-            ev.say(f"eval: {name} {result['status']}"
-                   + (f": {result['why']}" if result.get("why") else ""))
+            ev.say(f"eval: {name} {result.status}" + (f": {result.why}" if result.why else ""))
     finally:
         if sim is not None:
             await sim.stop()
     ev.save(finished=True)
 
 
-async def _phase(ev: Eval, name: str) -> dict:
+async def _phase(ev: Eval, name: Phase) -> PhaseResult:
     """One phase's result; one that fails unexpectedly is a failed phase, its reason in
     words (the traceback in OUT/eval.log), and the eval goes on with the next."""
     try:
-        return await PHASES[name](ev)
+        return await RUNS[name](ev)
     except (EvalError, asyncio.CancelledError):
         raise
     except Exception as e:
@@ -193,12 +215,13 @@ async def _target(ev: Eval) -> EmbeddedSim | None:
     return sim
 
 
-def _time_left(ev: Eval, name: str) -> str:
+def _time_left(ev: Eval, name: Phase) -> str:
     """`, about 3:20 of load left`: the plan's load time of this phase and those after."""
+    before = PHASES[:PHASES.index(name)]
     rest = msgspec.structs.replace(
-        ev.phases, **{p: _off(getattr(ev.phases, p)) for p in ORDER[:ORDER.index(name)]
+        ev.phases, **{p: _off(getattr(ev.phases, p)) for p in before
                       if p != "faults" and hasattr(getattr(ev.phases, p), "enabled")})
-    if "faults" in ORDER[:ORDER.index(name)]:
+    if "faults" in before:
         rest = msgspec.structs.replace(rest, faults=[])
     targets = max(1, len(_scaling_targets(ev)))
     left = planned_seconds(rest, targets)
@@ -207,14 +230,6 @@ def _time_left(ev: Eval, name: str) -> str:
 
 def _off(table):
     return msgspec.structs.replace(table, enabled=False)
-
-
-def skipped(why: str) -> dict:
-    return {"status": "skipped", "why": why, "figures": {}}
-
-
-def failed(why: str) -> dict:
-    return {"status": "failed", "why": why, "figures": {}}
 
 
 def _run_dir(ev: Eval, name: str) -> Path:
@@ -269,7 +284,7 @@ def _baseline_load(ev: Eval) -> dict[str, Any]:
 # ---- the phases ------------------------------------------------------------------------------
 
 
-async def baseline(ev: Eval) -> dict:
+async def baseline(ev: Eval) -> PhaseResult:
     b = ev.phases.baseline
     if not b.enabled:
         return skipped("disabled in the plan")
@@ -283,17 +298,17 @@ async def baseline(ev: Eval) -> dict:
         watching.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watching
-    r, _ = analyze_dir(run_dir, warnings=[])
-    return {"status": "done", "run_dir": str(run_dir), "figures": {
-        "load": _load_text(b.mode, b.concurrency, b.rate),
-        "req_s": r["rates"]["req_s"], "output_tok_s": r["rates"]["output_tok_s"],
-        "goodput_req_s": r["rates"].get("goodput_req_s") if ev.plan.slo else None,
-        "error_rate": r["rates"]["error_rate"],
-        "latency_ms": {m: r["latency_ms"].get(m) for m in ("ttft", "itl", "e2e")},
-        "thresholds": r.get("thresholds") or [],
-        **_efficiency_of(run_dir, r),
-        "dcgm": dcgm.result(r["rates"]["output_tok_s"], r["measured_s"]),
-    }}
+    r, _ = soak_report(run_dir, warnings=[])
+    return done(BaselineFigures(
+        load=_load_text(b.mode, b.concurrency, b.rate),
+        req_s=r.rates.req_s, output_tok_s=r.rates.output_tok_s,
+        goodput_req_s=r.rates.goodput_req_s if ev.plan.slo else None,
+        error_rate=r.rates.error_rate,
+        latency_ms={m: r.latency_ms.get(m) for m in ("ttft", "itl", "e2e")},
+        thresholds=r.thresholds,
+        **msgspec.structs.asdict(_efficiency_of(run_dir, r)),
+        dcgm=dcgm.result(r.rates.output_tok_s, r.measured_s),
+    ), str(run_dir))
 
 
 class DcgmWatch:
@@ -325,11 +340,11 @@ class DcgmWatch:
                     self.error = got.error
                 await asyncio.sleep(DCGM_EVERY_S)
 
-    def result(self, output_tok_s: float | None, seconds: float) -> dict:
+    def result(self, output_tok_s: float | None, seconds: float) -> Dcgm:
         from probes.dcgm import energy_between
 
         if not self.samples:
-            return {"why": self.error or "no sample"}
+            return Dcgm(why=self.error or "no sample")
         out: dict[str, Any] = {}
         for field_name in ("sm_active", "tensor_active", "dram_active"):
             values = [getattr(g, field_name) for gpus in self.samples for g in gpus
@@ -339,15 +354,15 @@ class DcgmWatch:
         span = DCGM_EVERY_S * (len(self.samples) - 1)
         out["tokens_per_joule"] = (output_tok_s * span / joules
                                    if joules and output_tok_s and span else None)
-        out["why"] = "" if any(out[f] is not None for f in out) else \
+        why = "" if any(v is not None for v in out.values()) else \
             "the exporter gives none of DCGM_FI_PROF_SM_ACTIVE, PIPE_TENSOR_ACTIVE, DRAM_ACTIVE"
-        return out
+        return Dcgm(**out, why=why)
 
 
 DCGM_EVERY_S = 1.0
 
 
-async def ramp(ev: Eval) -> dict:
+async def ramp(ev: Eval) -> PhaseResult:
     p = ev.phases.ramp
     if not p.enabled:
         return skipped("disabled in the plan")
@@ -368,58 +383,56 @@ async def ramp(ev: Eval) -> dict:
     knee, best = find_knee(steps, p.knee_fraction), best_goodput(steps)
     write_outputs(ev.out / "ramp", cfg, steps, knee, best, p.knee_fraction)
     top = max(steps, key=lambda s: s.output_tok_s, default=None)
-    return {"status": "done", "run_dir": cfg.out, "figures": {
-        "unit": "streams" if cfg.mode == "closed" else "req/s",
-        "steps": [msgspec.to_builtins(s) for s in steps],
-        "knee": msgspec.to_builtins(knee) if knee else None,
-        "best_goodput": msgspec.to_builtins(best) if best else None,
-        "max_output_tok_s": top.output_tok_s if top else None,
-        "plot": str(ev.out / "ramp" / "sweep.png"),
-    }}
+    return done(RampFigures(
+        unit="streams" if cfg.mode == "closed" else "req/s", steps=steps, knee=knee,
+        best_goodput=best, max_output_tok_s=top.output_tok_s if top else None,
+        plot=str(ev.out / "ramp" / "sweep.png"),
+    ), cfg.out)
 
 
 def knee_load(ev: Eval) -> tuple[float | None, str]:
     """The knee's load from the ramp (None with the reason when there is none)."""
-    ramp_r = ev.results.get("ramp") or {}
-    knee = (ramp_r.get("figures") or {}).get("knee")
+    ramp_r = ev.results.ramp
+    knee = ramp_r.figures.knee if ramp_r is not None and ramp_r.figures is not None else None
     if knee:
-        return float(knee["load"]), ""
-    if ramp_r.get("status") != "done":
+        return float(knee.load), ""
+    if ramp_r is None or ramp_r.status != "done":
         return None, "the ramp did not run"
     return None, "the ramp found no knee (throughput scaled to its last step)"
 
 
-async def long_tail(ev: Eval) -> dict:
+async def long_tail(ev: Eval) -> PhaseResult:
     p = ev.phases.long_tail
     if not p.enabled:
         return skipped("disabled in the plan")
     knee, why = knee_load(ev)
     if knee is None:
-        steps = (ev.results.get("ramp") or {}).get("figures", {}).get("steps") or []
+        ramp_r = ev.results.ramp
+        steps = ramp_r.figures.steps if ramp_r is not None and ramp_r.figures else []
         if not steps:
             return skipped(f"no load to hold: {why}")
-        knee = float(steps[-1]["load"])  # scaled to the end: the last step stands in
+        knee = float(steps[-1].load)  # scaled to the end: the last step stands in
     mode = ev.phases.baseline.mode
     load = max(1.0, round(knee * p.fraction)) if mode == "closed" else knee * p.fraction
     cfg = _phase_cfg(ev, "long_tail", mode=mode, concurrency=int(load), rate=float(load),
                      duration=float(p.duration), warmup=0.0)
     run_dir = await _session(ev, "long_tail", cfg)
     r = _report(run_dir, bucket_s=float(p.bucket), tail_k=p.tail_k)
-    return {"status": "done", "run_dir": str(run_dir), "figures": {
-        "load": _load_text(mode, int(load), float(load)), "seconds": r["measured_s"],
-        "long_tail": r["long_tail"], "drift": r["drift"], "availability": r["availability"],
-        "outages": r["outages"], "latency_ms": r["latency_ms"], "plots": r.get("plots") or [],
-    }}
+    return done(LongTailFigures(
+        load=_load_text(mode, int(load), float(load)), seconds=r.measured_s,
+        long_tail=r.long_tail, drift=r.drift, availability=r.availability, outages=r.outages,
+        latency_ms=r.latency_ms, plots=r.plots or [],
+    ), str(run_dir))
 
 
-def _report(run_dir: Path, **kw: Any) -> dict:
+def _report(run_dir: Path, **kw: Any) -> Report:
     """`tokentop report` of a phase's run directory (report.md, report.json, PNGs written
     there), its printed summary kept out of the eval's lines."""
-    _, result = write_report(run_dir, out=io.StringIO(), **kw)
+    _, result = write_soak_report(run_dir, out=io.StringIO(), **kw)
     return result
 
 
-async def faults(ev: Eval) -> dict:
+async def faults(ev: Eval) -> PhaseResult:
     entries = plan_to_builtins(ev.plan)["quick" if ev.quick else "phases"]["faults"]
     if not entries and not ev.chaos_restart_cmd:
         return skipped("the plan has no faults")
@@ -453,13 +466,13 @@ async def faults(ev: Eval) -> dict:
         await proxy.close()  # clears what is still on: every span has its end
     spans, counters = fault_spans(proxy.events), proxy.counters
     r = _report(run_dir)
-    return {"status": "done", "run_dir": str(run_dir), "figures": {
-        "faults": [_under_fault(run_dir, s) for s in spans],
-        "chaos": chaos.result(run_dir) if chaos is not None else None,
-        "outages": r["outages"], "mttr_s": r["mttr_s"], "availability": r["availability"],
-        "proxy": {"resets": counters.reset, "accepted": counters.accepted},
-        "plots": r.get("plots") or [],
-    }}
+    return done(FaultsFigures(
+        faults=[_under_fault(run_dir, s) for s in spans],
+        chaos=chaos.result(run_dir) if chaos is not None else None,
+        outages=r.outages, mttr_s=r.mttr_s, availability=r.availability,
+        proxy=ProxyCounts(resets=counters.reset, accepted=counters.accepted),
+        plots=r.plots or [],
+    ), str(run_dir))
 
 
 FAULT_TICK_S = 0.25  # the faults phase's tick: a fault's effect dated within a quarter second
@@ -496,9 +509,9 @@ class Chaos:
             self.cmd or "", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
 
-    def result(self, run_dir: Path) -> dict:
+    def result(self, run_dir: Path) -> ChaosFigures:
         if self.killed_at is None:
-            return {"killed": False, "why": self.why or "the run ended before the kill"}
+            return ChaosFigures(killed=False, why=self.why or "the run ended before the kill")
         first = None
         prev = None
         for snap in iter_snapshots(run_dir):
@@ -510,10 +523,10 @@ class Chaos:
                 first = (prev.t + snap.t) / 2
             prev = snap
         rc = self.restart.returncode if self.restart is not None else None
-        return {"killed": True, "pid": self.pid, "killed_at": self.killed_at,
-                "mttr_s": None if first is None else round(first - self.killed_at, 3),
-                "restart_exit": rc,
-                "why": "" if first is not None else "no success after the kill"}
+        return ChaosFigures(
+            killed=True, pid=self.pid, killed_at=self.killed_at,
+            mttr_s=None if first is None else round(first - self.killed_at, 3),
+            restart_exit=rc, why="" if first is not None else "no success after the kill")
 
 
 def _listener_pid(port: int) -> int | None:
@@ -538,7 +551,7 @@ def _host_port(url: str) -> tuple[str, int]:
     return u.hostname or "127.0.0.1", u.port or (443 if u.scheme == "https" else 80)
 
 
-def _under_fault(run_dir: Path, span) -> dict:
+def _under_fault(run_dir: Path, span) -> UnderFault:
     """While the fault was on: the requests that ended (success rate, errors by kind), the
     longest silence the client saw (no token, no answer: what a blackhole is, as measured),
     and the recovery: from the fault's end to the first success after it."""
@@ -563,11 +576,10 @@ def _under_fault(run_dir: Path, span) -> dict:
         d = inside.since(before) if before is not None else inside
         ok, failed_n, errors = d.requests_ok, d.requests_failed, d.errors
     total = ok + failed_n
-    return {"fault": span.fault, "params": span.params, "start": span.start, "end": span.end,
-            "requests_ok": ok, "requests_failed": failed_n, "errors": errors,
-            "success_rate": ok / total if total else None,
-            "silence_s": quiet.longest,
-            "recovery_s": None if recovered is None else round(recovered, 2)}
+    return UnderFault(fault=span.fault, params=span.params, start=span.start, end=span.end,
+                      requests_ok=ok, requests_failed=failed_n, errors=errors,
+                      success_rate=ok / total if total else None, silence_s=quiet.longest,
+                      recovery_s=None if recovered is None else round(recovered, 2))
 
 
 class Silence:
@@ -589,54 +601,65 @@ class Silence:
             self._began = None
 
 
-async def leaks(ev: Eval) -> dict:
+async def leaks(ev: Eval) -> PhaseResult:
     p = ev.phases.leaks
     if not p.enabled:
         return skipped("disabled in the plan")
-    tail = ev.results.get("long_tail") or {}
-    if tail.get("status") != "done":
+    tail = ev.results.long_tail
+    if tail is None or tail.status != "done" or tail.figures is None:
         return skipped("the long tail did not run: its soak is what the slopes come from")
-    drift = tail["figures"]["drift"]
-    seconds = tail["figures"]["seconds"]
+    drift, seconds = tail.figures.drift, tail.figures.seconds
     judged = seconds >= float(p.min_soak)
-    return {"status": "done", "figures": {
-        "soak_s": seconds, "judged": judged, "min_soak_s": float(p.min_soak),
-        "server_rss": _slope(drift.get("server_rss"), p.max_rss_mb_per_h, judged),
-        "gpu_memory": _slope(drift.get("gpu_memory"), p.max_gpu_mb_per_h, judged),
-    }}
+    return done(LeaksFigures(
+        soak_s=seconds, judged=judged, min_soak_s=float(p.min_soak),
+        server_rss=_slope(drift.server_rss, p.max_rss_mb_per_h, judged),
+        gpu_memory=_slope(drift.gpu_memory, p.max_gpu_mb_per_h, judged),
+    ))
 
 
-def _slope(s: dict | None, limit: float, judged: bool) -> dict:
-    s = s or {}
-    slope = s.get("slope_mb_h")
-    return {"slope_mb_h": slope, "limit_mb_h": limit,
-            "why": s.get("slope_withheld") or ("no samples" if not s else ""),
-            "passed": (slope <= limit) if judged and slope is not None else None}
+def _slope(s: Slope, limit: float, judged: bool) -> LeakSlope:
+    slope = s.slope_mb_h
+    return LeakSlope(slope_mb_h=slope, limit_mb_h=limit, why=s.slope_withheld or "",
+                     passed=(slope <= limit) if judged and slope is not None else None)
 
 
-async def efficiency(ev: Eval) -> dict:
+async def efficiency(ev: Eval) -> PhaseResult:
     p = ev.phases.efficiency
     if not p.enabled:
         return skipped("disabled in the plan")
-    out: dict[str, Any] = {}
+    out = EfficiencyFigures()
     if "baseline" in p.at:
-        base = (ev.results.get("baseline") or {}).get("figures") or {}
-        out["baseline"] = {k: base.get(k) for k in (
-            "tokens_per_joule", "req_s_per_w", "gpu_util_pct", "gpu_memory_mb_per_in_flight",
-            "energy_why", "dcgm", "gpu_source")}
+        out.baseline = _at_baseline(ev.results.baseline)
     if "knee" in p.at:
-        knee = ((ev.results.get("ramp") or {}).get("figures") or {}).get("knee")
-        out["knee"] = ({"tokens_per_joule": knee.get("tokens_per_joule"),
-                        "req_s_per_w": _per(knee.get("req_s"), knee.get("gpu_power_w"))}
-                       if knee else {"energy_why": knee_load(ev)[1]})
-    return {"status": "done", "figures": out}
+        ramp_r = ev.results.ramp
+        knee = ramp_r.figures.knee if ramp_r is not None and ramp_r.figures else None
+        out.knee = (EfficiencyAt(tokens_per_joule=knee.tokens_per_joule,
+                                 req_s_per_w=_per(knee.req_s, knee.gpu_power_w))
+                    if knee else EfficiencyAt(energy_why=knee_load(ev)[1]))
+    return done(out)
+
+
+def _at_baseline(base: PhaseResult[BaselineFigures] | None) -> EfficiencyAt:
+    """The baseline's energy and GPU figures; all None when it has none (it did not run)."""
+    f = base.figures if base is not None else None
+    if f is None:
+        return EfficiencyAt(tokens_per_joule=None, req_s_per_w=None, gpu_util_pct=None,
+                            gpu_memory_mb_per_in_flight=None, energy_why=None, dcgm=None,
+                            gpu_source=None)
+    return EfficiencyAt(tokens_per_joule=f.tokens_per_joule, req_s_per_w=f.req_s_per_w,
+                        gpu_util_pct=f.gpu_util_pct,
+                        gpu_memory_mb_per_in_flight=f.gpu_memory_mb_per_in_flight,
+                        energy_why=f.energy_why,
+                        # an eval.json from before --dcgm-url has none: None, as it read
+                        dcgm=f.dcgm if f.dcgm is not msgspec.UNSET else None,
+                        gpu_source=f.gpu_source)
 
 
 def _per(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def _efficiency_of(run_dir: Path, r: dict) -> dict:
+def _efficiency_of(run_dir: Path, r: Report) -> GpuUse:
     """Output tokens per joule (the GPUs' energy counters over the measured run), requests/s
     per watt, mean GPU utilisation, GPU memory per request in flight; `energy_why` when the
     GPUs give no energy figure."""
@@ -656,12 +679,12 @@ def _efficiency_of(run_dir: Path, r: dict) -> dict:
     energy = _energy_j(first, last)
     tokens = (last.counters.output_tokens - first.counters.output_tokens) if last else 0
     mean_w = sum(power) / len(power) if power else None
-    return {"tokens_per_joule": tokens / energy if energy else None,
-            "req_s_per_w": _per(r["rates"]["req_s"], mean_w),
-            "gpu_util_pct": sum(util) / len(util) if util else None,
-            "gpu_memory_mb_per_in_flight": sum(mem_per) / len(mem_per) if mem_per else None,
-            "gpu_source": first.gpu.source if first else "none",
-            "energy_why": None if energy else "no GPU energy counter (no NVIDIA GPU seen)"}
+    return GpuUse(tokens_per_joule=tokens / energy if energy else None,
+                  req_s_per_w=_per(r.rates.req_s, mean_w),
+                  gpu_util_pct=sum(util) / len(util) if util else None,
+                  gpu_memory_mb_per_in_flight=sum(mem_per) / len(mem_per) if mem_per else None,
+                  gpu_source=first.gpu.source if first else "none",
+                  energy_why=None if energy else "no GPU energy counter (no NVIDIA GPU seen)")
 
 
 def _energy_j(a, b) -> float | None:
@@ -678,7 +701,7 @@ def _scaling_targets(ev: Eval) -> list[str]:
     return [str(t) for t in ev.phases.scaling.targets]
 
 
-async def scaling(ev: Eval) -> dict:
+async def scaling(ev: Eval) -> PhaseResult:
     p = ev.phases.scaling
     if not p.enabled:
         return skipped("disabled in the plan")
@@ -691,12 +714,11 @@ async def scaling(ev: Eval) -> dict:
     for n in range(1, len(targets) + 1):
         rows.append(await _on_targets(ev, targets[:n], load))
         ev.save()
-    one = rows[0]["output_tok_s"] or 0.0
+    one = rows[0].output_tok_s or 0.0
     for row in rows:
-        n = row["targets"]
-        row["efficiency"] = row["output_tok_s"] / (n * one) if one else None
-    return {"status": "done", "figures": {"per_target_load": load, "rows": rows,
-                                          "kind": "weak (the same load on each target)"}}
+        row.efficiency = row.output_tok_s / (row.targets * one) if one else None
+    return done(ScalingFigures(per_target_load=load, rows=rows,
+                               kind="weak (the same load on each target)"))
 
 
 def _scaling_load(ev: Eval) -> float:
@@ -708,7 +730,7 @@ def _scaling_load(ev: Eval) -> float:
     return base
 
 
-async def _on_targets(ev: Eval, targets: list[str], load: float) -> dict:
+async def _on_targets(ev: Eval, targets: list[str], load: float) -> ScalingRow:
     """The same load on each of `targets` at once, each its own run; their sum."""
     p, mode = ev.phases.scaling, ev.phases.baseline.mode
     n = len(targets)
@@ -720,16 +742,17 @@ async def _on_targets(ev: Eval, targets: list[str], load: float) -> dict:
         return await _session(ev, f"scaling {i + 1}/{n}", cfg)
 
     dirs = await asyncio.gather(*(one(i, url) for i, url in enumerate(targets)))
-    rates = [analyze_dir(d, warnings=[])[0]["rates"] for d in dirs]
-    return {"targets": n, "output_tok_s": sum(r["output_tok_s"] or 0.0 for r in rates),
-            "req_s": sum(r["req_s"] or 0.0 for r in rates), "run_dirs": [str(d) for d in dirs]}
+    rates = [soak_report(d, warnings=[])[0].rates for d in dirs]
+    return ScalingRow(targets=n, output_tok_s=sum(r.output_tok_s or 0.0 for r in rates),
+                      req_s=sum(r.req_s or 0.0 for r in rates), run_dirs=[str(d) for d in dirs])
 
 
 def _load_text(mode: str, concurrency: int, rate: float) -> str:
     return f"{concurrency} streams" if mode == "closed" else f"{rate:g} req/s"
 
 
-PHASES: dict[str, Callable[[Eval], Any]] = {
+# each phase's run, by name (a test holds the keys to PHASES)
+RUNS: dict[Phase, Callable[[Eval], Any]] = {
     "baseline": baseline, "ramp": ramp, "long_tail": long_tail, "faults": faults,
     "leaks": leaks, "efficiency": efficiency, "scaling": scaling,
 }

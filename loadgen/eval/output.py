@@ -11,6 +11,8 @@ import numpy as np
 
 from loadgen.eval.battery import Eval
 from loadgen.eval.matrix import markdown, rows, table, to_json
+from loadgen.eval.phases import PHASES
+from loadgen.eval.results import UnderFault
 from loadgen.model import hdr
 from loadgen.record.rundir import iter_snapshots
 
@@ -23,16 +25,11 @@ def write_outputs(ev: Eval) -> tuple[str, list[Path]]:
     all_rows = rows(ev.results)
     written: list[Path] = []
     plots = _plots(ev, written)
-    ev.save(finished=len(ev.results) == 7, rows=to_json(all_rows))
+    finished = len(ev.results.ran()) == len(PHASES)
+    ev.save(finished=finished, rows=to_json(all_rows))
     written.append(ev.state_path)
-    meta = {"target": ev.cfg.url or "embedded simulator", "quick": ev.quick,
-            "finished": len(ev.results) == 7,
-            "workload": {"api": ev.cfg.api, "dataset": str(ev.phases.baseline.dataset),
-                         "input_tokens": str(ev.phases.baseline.input_tokens),
-                         "output_tokens": str(ev.phases.baseline.output_tokens),
-                         "mode": ev.phases.baseline.mode}}
     md = ev.out / "eval.md"
-    md.write_text(markdown(ev.results, all_rows, meta, [_rel(ev.out, p) for p in plots]))
+    md.write_text(markdown(ev.state(finished), all_rows, [_rel(ev.out, p) for p in plots]))
     written.append(md)
     return table(all_rows), written
 
@@ -46,22 +43,20 @@ def _rel(base: Path, p: Path) -> str:
 
 def _plots(ev: Eval, written: list[Path]) -> list[Path]:
     out: list[Path] = []
-    ramp = (ev.results.get("ramp") or {}).get("figures") or {}
-    if ramp.get("plot") and Path(ramp["plot"]).exists():
-        out.append(Path(ramp["plot"]))
-    for phase in ("long_tail", "faults"):
-        out += [Path(p) for p in ((ev.results.get(phase) or {}).get("figures") or {})
-                .get("plots") or [] if Path(p).exists()]
-    faults = ev.results.get("faults") or {}
-    if faults.get("status") == "done":
+    ramp, tail, faults = ev.results.ramp, ev.results.long_tail, ev.results.faults
+    if ramp and ramp.figures and ramp.figures.plot and Path(ramp.figures.plot).exists():
+        out.append(Path(ramp.figures.plot))
+    for figures in (tail and tail.figures, faults and faults.figures):
+        out += [Path(p) for p in (figures.plots if figures else []) if Path(p).exists()]
+    if faults and faults.status == "done" and faults.figures and faults.run_dir:
         path = ev.out / "faults.png"
-        if faults_plot(Path(faults["run_dir"]), faults["figures"]["faults"], path):
+        if faults_plot(Path(faults.run_dir), faults.figures.faults, path):
             written.append(path)
             out.insert(0, path)
     return out
 
 
-def faults_plot(run_dir: Path, faults: list[dict], path: Path) -> bool:
+def faults_plot(run_dir: Path, faults: list[UnderFault], path: Path) -> bool:
     """TTFT P50/P99 and failed requests per tick through the faults phase, each fault's span
     shaded and named; False when the run has no Snapshot to draw."""
     import matplotlib
@@ -94,11 +89,11 @@ def faults_plot(run_dir: Path, faults: list[dict], path: Path) -> bool:
     err.set_xlabel("time since the phase started (s)")
     seen = set()
     for f in faults:
-        start, end = f["start"] - t0, (f["end"] or t[-1]) - t0
-        label = f["fault"] if f["fault"] not in seen else None
-        seen.add(f["fault"])
+        start, end = f.start - t0, (f.end or t[-1]) - t0
+        label = f.fault if f.fault not in seen else None
+        seen.add(f.fault)
         for ax in (lat, err):
-            ax.axvspan(start, end, color=FAULT_COLOURS.get(f["fault"], "#999"), alpha=0.25,
+            ax.axvspan(start, end, color=FAULT_COLOURS.get(f.fault, "#999"), alpha=0.25,
                        label=label if ax is lat else None)
     err.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     for ax in (lat, err):

@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import inspect as mi
 
+from loadgen.eval.phases import PHASES as PHASES  # Phases has a table for each (test_plan)
 from loadgen.model import units
 from loadgen.model.slo import SloError, Slos, parse_slos
 from loadgen.worker.dataset import Dataset, DatasetError
@@ -39,7 +40,6 @@ PLAN_VERSION = 1
 FAULT_SETTLE_S = 15.0
 # `tokentop eval --quick` against the embedded simulator must finish within this.
 QUICK_BUDGET_S = 300.0
-PHASES = ("baseline", "ramp", "long_tail", "faults", "leaks", "efficiency", "scaling")
 
 
 class PlanError(ValueError):

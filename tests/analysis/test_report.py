@@ -4,15 +4,19 @@ it computed is printed all the same, one line says what could not be written, no
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
 
+import msgspec
 import numpy as np
-from msgspec import to_builtins
+import pytest
+from msgspec import UNSET, to_builtins
 from support import fsize_limit, tokentop
 
+from loadgen.analysis.report import Report, write_report
 from loadgen.model import hdr
 from loadgen.model.snapshot import (
     Counters,
@@ -85,6 +89,34 @@ def test_report_on_a_torn_running_directory(tmp_path):
     for name in ("throughput", "latency", "queue", "gpu", "server_rss"):
         png = rec.run_dir / f"{name}.png"
         assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_json_reads_back_as_a_report_byte_for_byte(tmp_path):
+    """The typed Report is report.json's shape: same keys, same nesting, same order; and a
+    report.json from before pauses, stalls, availability and the measured requests reads."""
+    rec = Recorder.create(tmp_path / "run", to_builtins(RunConfig(slo="ttft_p99<1s")),
+                          run_id="r")
+    for i in range(60):
+        rec.write(snap(i))
+    rec.close()
+    code, r = write_report(rec.run_dir, out=io.StringIO(), plots=False)
+    raw = (rec.run_dir / "report.json").read_text()
+    report = msgspec.json.decode(raw, type=Report)
+    assert json.dumps(to_builtins(report), indent=2, default=str) + "\n" == raw
+    assert to_builtins(report) == r and code == 0
+    assert report.outages[0].duration_s == pytest.approx(5.0)
+    assert report.drift.server_rss.slope_withheld.startswith("run too short")
+    old = json.loads(raw)
+    for key in ("measured_requests", "outage_s", "availability", "stalls", "pauses",
+                "not_written", "plots"):
+        del old[key]
+    for o in old["outages"]:
+        del o["gap_s"]
+    for slope in ("server_rss", "gpu_memory"):
+        del old["drift"][slope]["min_span_s"], old["drift"][slope]["slope_withheld"]
+    first = msgspec.convert(old, Report)
+    assert first.measured_requests is None and first.pauses == []
+    assert first.outages[0].gap_s == 0.0 and first.drift.server_rss.slope_withheld is UNSET
 
 
 def test_report_on_a_missing_directory_is_one_line(tmp_path):

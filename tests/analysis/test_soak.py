@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from support import headless_argv
 
-from loadgen.analysis.soak import analyze
+from loadgen.analysis.soak import TICK_METRICS, Bucket, SoakAnalyzer, analyze
 from loadgen.model import hdr
 from loadgen.model.slo import parse_slos
 from loadgen.model.snapshot import (
@@ -104,6 +104,20 @@ def test_drift_slopes_and_long_tail():
     assert [(t["seq"], t["metric"]) for t in tail] == [(70, "ttft")]
     assert tail[0]["max_ms"] == pytest.approx(900.0, rel=1e-3)
     assert r["long_tail"]["counts"]["ttft"] == 1
+
+
+def test_the_typed_analysis_is_the_plain_one():
+    """result() is analysis() as JSON-able values; a drift bucket has a field for each of
+    the per-tick metrics, the keys the dict had."""
+    ticks = [{"ok": 5, "ttft": [10_000 * (1 + i // 60)] * 50} for i in range(120)]
+    a = SoakAnalyzer(bucket_s=60.0)
+    for s in series(ticks):
+        a.add(s)
+    typed = a.analysis()
+    assert msgspec.to_builtins(typed) == a.result()
+    assert set(TICK_METRICS) <= set(Bucket.__struct_fields__)
+    assert typed.drift.buckets[1].vs_first == a.result()["drift"]["buckets"][1]["vs_first"]
+    assert typed.drift.buckets[1].ttft.p99_ms == pytest.approx(20.0, rel=0.01)
 
 
 def test_thresholds_pass_and_fail_on_the_whole_run():

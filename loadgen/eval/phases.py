@@ -1,0 +1,36 @@
+"""The eval's phases, named once: their order, what each measures and whether it loads the
+server. The battery runs them in this order, the plan has a table for each, eval.json keeps
+a result for each and the matrix has a section for each; each of those is built from this
+list or checked against it by a test (tests/eval/test_results.py, tests/eval/test_plan.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple, get_args
+
+Phase = Literal["baseline", "ramp", "long_tail", "faults", "leaks", "efficiency", "scaling"]
+PHASES: tuple[Phase, ...] = get_args(Phase)
+
+
+class About(NamedTuple):
+    what: str  # what the phase measures, in a line
+    loads: bool  # it puts load on the server (the others compute from what those recorded)
+
+
+ABOUT: dict[Phase, About] = {
+    "baseline": About("a fixed load: req/s, tok/s, TTFT / ITL / E2E P50–P99.9, errors, SLO "
+                      "verdicts", loads=True),
+    "ramp": About("a sweep (loadgen.analysis.sweep): the knee and the max goodput", loads=True),
+    "long_tail": About("a soak at a fraction of the knee: the intervals whose tail breaks out, "
+                       "drift", loads=True),
+    "faults": About("the baseline load through a fault-injecting proxy (loadgen.eval.proxy) on "
+                    "the plan's schedule: success rate, errors and recovery under each fault",
+                    loads=True),
+    "leaks": About("the long tail's server RSS and GPU memory slopes (MB/h), judged past "
+                   "min_soak", loads=False),
+    "efficiency": About("output tokens per joule and requests/s per watt, at the baseline and "
+                        "the knee", loads=False),
+    "scaling": About("the load on 1, 2 … N targets at once: throughput against N × one",
+                     loads=True),
+}
+LOADED: tuple[Phase, ...] = tuple(p for p in PHASES if ABOUT[p].loads)

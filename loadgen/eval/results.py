@@ -1,0 +1,308 @@
+"""What an eval keeps (OUT/eval.json), typed: each phase's result and its figures, and the
+state around them. The battery writes these, the matrix reads them; the JSON is what the
+dicts before these Structs wrote (same keys, same nesting, same order), so an eval.json
+of an older tokentop is still read, resumed and compared.
+
+Two rules keep the JSON as it was: a key that was only sometimes written is a field whose
+default is UNSET (left out when unset, unlike None, which is written as null), and a phase
+with no figures (skipped, failed) has `figures: {}` on disk, None here (state_to_builtins,
+state_from_builtins).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Literal, TypeVar
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from loadgen.analysis.soak import (
+    Drift,
+    LongTail,
+    Mttr,
+    OutageRecord,
+    Summary,
+    ThresholdResult,
+)
+from loadgen.analysis.sweep import StepResult
+from loadgen.eval.phases import PHASES, Phase
+
+EVAL_FORMAT = "tokentop-eval/1"
+Status = Literal["done", "skipped", "failed"]
+
+
+class _Figures(msgspec.Struct):
+    """A phase's figures. Each is kw_only (msgspec's setting is per class), so a required
+    field may follow an optional one where the JSON's order has it so."""
+
+
+# ---- baseline and efficiency ------------------------------------------------------------------
+
+
+class Dcgm(_Figures, kw_only=True):
+    """--dcgm-url over the baseline: activity means (0–1) and DCGM's energy; only `why`
+    when there was no sample (no --dcgm-url, the exporter not answering)."""
+
+    sm_active: float | UnsetType | None = UNSET
+    tensor_active: float | UnsetType | None = UNSET
+    dram_active: float | UnsetType | None = UNSET
+    tokens_per_joule: float | UnsetType | None = UNSET
+    why: str
+
+
+class GpuUse(_Figures, kw_only=True):
+    """Energy and GPU use over a measured run (battery._efficiency_of)."""
+
+    tokens_per_joule: float | None
+    req_s_per_w: float | None
+    gpu_util_pct: float | None
+    gpu_memory_mb_per_in_flight: float | None
+    gpu_source: str  # nvml | simulated | none …
+    energy_why: str | None  # why there is no energy figure
+
+
+class BaselineFigures(_Figures, kw_only=True):
+    load: str  # "4 streams", "10 req/s"
+    req_s: float | None
+    output_tok_s: float | None
+    goodput_req_s: float | None  # None without a per-request SLO
+    error_rate: float | None
+    latency_ms: dict[str, Summary | None]  # ttft, itl, e2e
+    thresholds: list[ThresholdResult]
+    tokens_per_joule: float | None
+    req_s_per_w: float | None
+    gpu_util_pct: float | None
+    gpu_memory_mb_per_in_flight: float | None
+    gpu_source: str
+    energy_why: str | None
+    dcgm: Dcgm | UnsetType = UNSET  # not in the evals before --dcgm-url
+
+
+class EfficiencyAt(_Figures, kw_only=True):
+    """Efficiency at one point: the baseline's (GpuUse's figures, as it found them) or the
+    knee's (two figures, or only energy_why when the ramp found no knee)."""
+
+    tokens_per_joule: float | UnsetType | None = UNSET
+    req_s_per_w: float | UnsetType | None = UNSET
+    gpu_util_pct: float | UnsetType | None = UNSET
+    gpu_memory_mb_per_in_flight: float | UnsetType | None = UNSET
+    energy_why: str | UnsetType | None = UNSET
+    dcgm: Dcgm | UnsetType | None = UNSET  # None: the baseline did not run
+    gpu_source: str | UnsetType | None = UNSET
+
+
+class EfficiencyFigures(_Figures, kw_only=True):
+    baseline: EfficiencyAt | UnsetType = UNSET  # only the points the plan's `at` names
+    knee: EfficiencyAt | UnsetType = UNSET
+
+
+# ---- ramp, long tail, leaks -------------------------------------------------------------------
+
+
+class RampFigures(_Figures, kw_only=True):
+    unit: str  # streams | req/s
+    steps: list[StepResult]
+    knee: StepResult | None
+    best_goodput: StepResult | None
+    max_output_tok_s: float | None
+    plot: str  # its sweep.png
+
+
+class LongTailFigures(_Figures, kw_only=True):
+    load: str
+    seconds: float  # measured
+    long_tail: LongTail
+    drift: Drift
+    availability: float | None
+    outages: list[OutageRecord]
+    latency_ms: dict[str, Summary]
+    plots: list[str]  # its report's PNGs
+
+
+class LeakSlope(_Figures, kw_only=True):
+    slope_mb_h: float | None
+    limit_mb_h: float
+    why: str  # why there is no slope ("" when there is one)
+    passed: bool | None  # None: not judged (a soak shorter than min_soak, or no slope)
+
+
+class LeaksFigures(_Figures, kw_only=True):
+    soak_s: float
+    judged: bool
+    min_soak_s: float
+    server_rss: LeakSlope
+    gpu_memory: LeakSlope
+
+
+# ---- faults -----------------------------------------------------------------------------------
+
+
+class UnderFault(_Figures, kw_only=True):
+    """While one fault was on (battery._under_fault)."""
+
+    fault: str  # latency | reset | blackhole | bandwidth
+    params: dict[str, Any]  # the fault's own, by kind (ms, probability, seconds …)
+    start: float
+    end: float | None
+    requests_ok: int
+    requests_failed: int
+    errors: dict[str, int]
+    success_rate: float | None
+    silence_s: float | None
+    recovery_s: float | None
+
+
+class ChaosFigures(_Figures, kw_only=True):
+    """--chaos-restart-cmd: the kill and the restart; only `killed` and `why` when nothing
+    was killed."""
+
+    killed: bool
+    pid: int | UnsetType | None = UNSET
+    killed_at: float | UnsetType = UNSET
+    mttr_s: float | UnsetType | None = UNSET
+    restart_exit: int | UnsetType | None = UNSET
+    why: str
+
+
+class ProxyCounts(_Figures, kw_only=True):
+    resets: int
+    accepted: int
+
+
+class FaultsFigures(_Figures, kw_only=True):
+    faults: list[UnderFault]
+    chaos: ChaosFigures | None  # None: no --chaos-restart-cmd
+    outages: list[OutageRecord]
+    mttr_s: Mttr
+    availability: float | None
+    proxy: ProxyCounts
+    plots: list[str]
+
+
+# ---- scaling ----------------------------------------------------------------------------------
+
+
+class ScalingRow(_Figures, kw_only=True):
+    targets: int
+    output_tok_s: float
+    req_s: float
+    run_dirs: list[str]
+    efficiency: float | None = None  # against targets × one; set once every row is in
+
+
+class ScalingFigures(_Figures, kw_only=True):
+    per_target_load: int | float  # streams (an int) or req/s
+    rows: list[ScalingRow]
+    kind: str
+
+
+# ---- a phase, the phases, the eval ------------------------------------------------------------
+
+F = TypeVar("F")
+
+
+class PhaseResult(msgspec.Struct, Generic[F], kw_only=True, omit_defaults=True):
+    """A phase's result. `why` only when it did not run (skipped, failed), `run_dir` only
+    for a phase with a run of its own: left out of the JSON otherwise, as before."""
+
+    status: Status
+    why: str = ""
+    run_dir: str | None = None
+    figures: F | None  # None: skipped or failed ({} on disk)
+    seconds: float | None = None  # set by the battery once it is over
+
+
+class Results(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The phases that have a result, in PHASES' order (a test holds the fields to it)."""
+
+    baseline: PhaseResult[BaselineFigures] | None = None
+    ramp: PhaseResult[RampFigures] | None = None
+    long_tail: PhaseResult[LongTailFigures] | None = None
+    faults: PhaseResult[FaultsFigures] | None = None
+    leaks: PhaseResult[LeaksFigures] | None = None
+    efficiency: PhaseResult[EfficiencyFigures] | None = None
+    scaling: PhaseResult[ScalingFigures] | None = None
+
+    def of(self, name: Phase) -> PhaseResult | None:
+        return getattr(self, name)
+
+    def put(self, name: Phase, result: PhaseResult) -> None:
+        setattr(self, name, result)
+
+    def ran(self) -> list[Phase]:
+        """The phases with a result, in order."""
+        return [p for p in PHASES if self.of(p) is not None]
+
+    def items(self) -> list[tuple[Phase, PhaseResult]]:
+        return [(p, r) for p in PHASES if (r := self.of(p)) is not None]
+
+
+class Workload(msgspec.Struct, kw_only=True):
+    """What the load sends, for compare to say where two evals' workloads differ."""
+
+    api: str
+    model: str | None
+    dataset: str
+    input_tokens: str
+    output_tokens: str
+    tokenizer: str | None
+    mode: str  # closed | open
+    load: int | float  # streams (an int) or req/s
+
+
+class EvalState(msgspec.Struct, kw_only=True):
+    """OUT/eval.json."""
+
+    format: str
+    started: float
+    finished: bool
+    quick: bool
+    target: str  # the URL, or "embedded simulator"
+    workload: Workload
+    # plan_to_builtins' Plan: read back with plan_from_builtins, whose checks and errors
+    # in words are the plan file's
+    plan: dict[str, Any]
+    phases: Results
+    # the matrix's rows (matrix.to_json), for readers of eval.json; tokentop computes them
+    # again from `phases` rather than read them; written once the eval's outputs are
+    rows: list[dict[str, Any]] | UnsetType = UNSET
+
+
+def done(figures: Any, run_dir: str | None = None) -> PhaseResult:
+    return PhaseResult(status="done", run_dir=run_dir, figures=figures)
+
+
+def skipped(why: str) -> PhaseResult:
+    return PhaseResult(status="skipped", why=why, figures=None)
+
+
+def failed(why: str) -> PhaseResult:
+    return PhaseResult(status="failed", why=why, figures=None)
+
+
+# ---- JSON -------------------------------------------------------------------------------------
+
+
+def state_to_builtins(state: EvalState) -> dict[str, Any]:
+    """eval.json's content: a phase without figures has {} there."""
+    out = msgspec.to_builtins(state)
+    for result in out["phases"].values():
+        if result["figures"] is None:
+            result["figures"] = {}
+    return out
+
+
+def state_from_builtins(data: Any) -> EvalState:
+    """The EvalState of eval.json's decoded JSON; msgspec.ValidationError when it is not one
+    (the message names the key path)."""
+    if isinstance(data, dict) and isinstance(data.get("phases"), dict):
+        # {} (no figures) is None here: an empty dict is not a phase's figures
+        data = {**data, "phases": {
+            name: {**r, "figures": r.get("figures") or None} if isinstance(r, dict) else r
+            for name, r in data["phases"].items()}}
+    return msgspec.convert(data, EvalState)
+
+
+def read_state(raw: bytes) -> EvalState:
+    """eval.json's bytes; msgspec.DecodeError / ValidationError when not an eval."""
+    return state_from_builtins(msgspec.json.decode(raw))

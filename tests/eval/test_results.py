@@ -1,0 +1,125 @@
+"""The eval's typed results against eval.json files that the dict-based tokentop wrote.
+
+fixtures/eval.json is a real eval (two simulator replicas, the faults with a chaos kill and
+restart, --dcgm-url serving tests/fixtures/metrics/dcgm-exporter.txt), its run directories
+renamed to /eval-fixture/out (a path that exists nowhere). eval-filled.json is a copy with
+the figures that run did not have (a knee, long-tail intervals, an MTTR, leak slopes, a
+bandwidth fault, DCGM energy) set by hand, so that every row of its matrix has a value;
+eval-partial.json has a skipped, a failed and three missing phases; eval-old.json lacks what
+the first tokentop eval did not write (DCGM, efficiency's gpu_source). The *.matrix.txt,
+*.rows.json, *.md and compare.txt beside them are what the matrix code made of each before
+the results were typed: the truth here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from loadgen.eval import battery, matrix
+from loadgen.eval.phases import ABOUT, LOADED, PHASES
+from loadgen.eval.plan import Phases
+from loadgen.eval.results import (
+    EfficiencyAt,
+    PhaseResult,
+    Results,
+    read_state,
+    skipped,
+    state_to_builtins,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+EVALS = ("eval", "eval-filled", "eval-partial", "eval-old")
+
+
+def state(name: str):
+    return read_state((FIXTURES / f"{name}.json").read_bytes())
+
+
+@pytest.mark.parametrize("name", EVALS)
+def test_an_eval_json_of_the_dict_era_makes_the_same_matrix(name):
+    all_rows = matrix.rows(state(name).phases)
+    assert matrix.table(all_rows) + "\n" == (FIXTURES / f"{name}.matrix.txt").read_text()
+    assert json.loads(json.dumps(matrix.to_json(all_rows))) == json.loads(
+        (FIXTURES / f"{name}.rows.json").read_text())
+    md = FIXTURES / f"{name}.md"
+    if md.exists():
+        assert matrix.markdown(state(name), all_rows, ["faults.png"]) == md.read_text()
+
+
+def test_the_real_evals_rows_are_the_ones_it_wrote():
+    written = json.loads((FIXTURES / "eval.json").read_text())["rows"]
+    assert json.loads(json.dumps(matrix.to_json(matrix.rows(state("eval").phases)))) == written
+
+
+def test_compare_says_the_same():
+    shown = matrix.compare([("a/eval", state("eval")), ("b/filled", state("eval-filled")),
+                            ("c/partial", state("eval-partial"))])
+    assert shown + "\n" == (FIXTURES / "compare.txt").read_text()
+
+
+@pytest.mark.parametrize("name", EVALS)
+def test_eval_json_reads_and_writes_back_byte_for_byte(name):
+    """Same keys, same nesting, same order, ints kept ints: a resumed eval rewrites the
+    phases it kept as they were."""
+    raw = (FIXTURES / f"{name}.json").read_text()
+    assert json.dumps(state_to_builtins(state(name)), indent=2) + "\n" == raw
+
+
+def test_every_figure_of_a_full_eval_is_in_its_row():
+    """The filled fixture has every figure, so every row has a value: a field renamed in
+    results.py (the JSON key no longer read) or in matrix.py leaves a cell empty here."""
+    rows = matrix.rows(state("eval-filled").phases)
+    assert len(rows) == 48
+    assert [r.key for r in rows if r.value is None] == []
+    # and each has the value the dict-reading matrix gave
+    golden = json.loads((FIXTURES / "eval-filled.rows.json").read_text())
+    assert [(r.key, r.value) for r in rows] == [
+        (f"{g['dimension']} / {g['figure']}", g["value"]) for g in golden]
+
+
+def test_the_phases_are_named_once():
+    assert tuple(ABOUT) == PHASES
+    assert Results.__struct_fields__ == PHASES
+    assert Phases.__struct_fields__ == PHASES
+    assert tuple(battery.RUNS) == PHASES
+    assert tuple(matrix.BUILDERS) == PHASES
+    assert set(LOADED) == {"baseline", "ramp", "long_tail", "faults", "scaling"}
+    # the matrix's sections come in the phases' order
+    firsts = [next(r.dimension for r in matrix.BUILDERS[p](Results())) for p in PHASES]
+    assert [d.split(" (")[0] for d in firsts] == [
+        "latency & throughput", "pressure ramp", "long tail", "stability under faults",
+        "leaks", "efficiency", "scaling"]
+
+
+def test_a_phase_that_did_not_run_has_empty_figures_on_disk():
+    results = Results()
+    result = skipped("disabled in the plan")
+    result.seconds = 0.0  # a skip takes no time: the 0.0 is still written
+    results.put("scaling", result)
+    ev = state("eval-partial")
+    ev.phases = results
+    assert state_to_builtins(ev)["phases"] == {
+        "scaling": {"status": "skipped", "why": "disabled in the plan", "figures": {},
+                    "seconds": 0.0}}
+
+
+def test_a_key_only_some_results_have_is_left_out_not_null():
+    knee = EfficiencyAt(energy_why="the ramp found no knee")
+    assert msgspec.to_builtins(knee) == {"energy_why": "the ramp found no knee"}
+    done = PhaseResult(status="done", figures=None, seconds=1.5)
+    assert msgspec.to_builtins(done) == {"status": "done", "figures": None, "seconds": 1.5}
+
+
+def test_a_file_that_is_not_an_eval_says_so(tmp_path):
+    path = tmp_path / "eval.json"
+    path.write_text('{"phases": {"baseline": {"status": "done"}}}')
+    with pytest.raises(ValueError, match="is not a tokentop eval"):
+        matrix.read_eval(path)
+    with pytest.raises(battery.EvalError, match="is not a tokentop eval"):
+        battery.load_state(tmp_path)
+    path.write_text('{"format": "tokentop-eval/1", "phases": {}}')
+    with pytest.raises(battery.EvalError, match="cannot be read to resume"):
+        battery.load_state(tmp_path)
