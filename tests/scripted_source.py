@@ -27,7 +27,7 @@ from loadgen.model.snapshot import (
     Snapshot,
     Target,
 )
-from loadgen.model.source import SourceError
+from loadgen.model.source import RunOutcome, SourceError, SourceStatus
 
 RUN_ID = "20250101T000000-test"
 T0 = 1_735_689_600.0  # 2025-01-01T00:00:00Z, fixed so nothing depends on today
@@ -194,10 +194,16 @@ class ScriptedSource:
         self.hold = hold
         self.start_error = start_error
         self.description = description
+        self.run_dir: str | None = None  # what status() says (a test may set them)
+        self.outcome: RunOutcome | None = None
         self.controls: list[Control] = []
         self.started = False
         self.closed = False
         self._closed_event = asyncio.Event()
+
+    def status(self) -> SourceStatus:
+        return SourceStatus(kind=self.kind, description=self.description,
+                            run_dir=self.run_dir, outcome=self.outcome)
 
     async def start(self) -> None:
         if self.start_error is not None:

@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 from typing import ClassVar
@@ -29,20 +29,19 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer
 
 from loadgen.model.kinds import SourceKind
+from loadgen.model.notice import KEYS_TO_STOP, Notice
 from loadgen.model.slo import SloError, Slos, parse_slos
 from loadgen.model.snapshot import (
     Control,
     Counters,
     Event,
-    HostSample,
     LoadState,
     Snapshot,
     Target,
     to_json,
 )
-from loadgen.model.source import SnapshotSource, SourceError
+from loadgen.model.source import RunOutcome, SnapshotSource, SourceError, SourceStatus
 from loadgen.model.windows import WINDOWS, SnapshotWindows
-from loadgen.record.replay import replay_of
 from themes import DEFAULT_THEME, MONO_THEME, THEME_NAMES, register_themes
 from tui.config import load_config, save_setting
 from tui.help_screen import HelpScreen
@@ -156,7 +155,8 @@ class TokentopApp(App[None]):
                 tooltip="replay: forward 30 s"),
         # p again: the live `pause` binding is off in a replay, so this one takes the key
         Binding("p", "replay_pause", "pause", tooltip="replay: pause / resume the replay"),
-        Binding("question_mark", "help", "help", key_display="?", tooltip="this help"),
+        Binding("question_mark", "help", "help", key_display="?",
+                tooltip="help: the keys, and what the colours mean"),
         Binding("q", "quit", "quit", tooltip="stop the load and quit (asks once if running)"),
     ]
 
@@ -168,8 +168,6 @@ class TokentopApp(App[None]):
         refresh: float = 0.5,
         slo: str | None = None,
         save_dir: Path | str | None = None,
-        run_dir: Callable[[str], Path | None] | None = None,
-        target_note: str | None = None,
     ) -> None:
         # Textual removes NO_COLOR from the environment in App.__init__: read it first
         no_color = bool(os.environ.get("NO_COLOR")) or not terminal_has_colours()
@@ -177,10 +175,6 @@ class TokentopApp(App[None]):
         self.source = source
         self.refresh_s = refresh
         self.save_dir = Path(save_dir) if save_dir is not None else None
-        self._run_dir_of = run_dir
-        self._run_dir: Path | None = None
-        # what the target is when the console can say more than its URL (the simulator)
-        self.target_note = target_note
         self.windows = SnapshotWindows()
         self.history = History()
         self.window = "10s"
@@ -215,8 +209,11 @@ class TokentopApp(App[None]):
         self._source_closed = False
         self._close_timeout = CLOSE_TIMEOUT_S
         self._hangup = False
-        self._waiting: str | None = None  # the header's line while the target does not answer
-        self._waiting_host: HostSample | None = None  # the host, sampled meanwhile
+        # the source's status as last drawn (a change is news: a redraw), and how many of
+        # the notices it said have been shown
+        self._status: SourceStatus = source.status()
+        self._said_shown = 0
+        self._waiting_said: str | None = None
 
     # ---------------------------------------------------------------- layout
 
@@ -247,7 +244,10 @@ class TokentopApp(App[None]):
         self._consume()
 
     def _description(self) -> str:
-        return self._waiting or getattr(self.source, "description", "") or ""
+        waiting = self._status.waiting
+        if waiting is not None:  # the run's own words, with the console's way out
+            return f"{waiting.text}, {KEYS_TO_STOP['console']}"
+        return self._status.description
 
     # --------------------------------------------------------------- source
 
@@ -255,7 +255,6 @@ class TokentopApp(App[None]):
     async def _consume(self) -> None:
         """Start the source and fold every Snapshot in; drawing happens on a timer."""
         try:
-            await self._wait_for_target()
             await self.source.start()
             async for snap in self.source.snapshots():
                 self._take(snap)
@@ -266,51 +265,39 @@ class TokentopApp(App[None]):
         except Exception as exc:  # any other failure is shown in words, never as a traceback
             self._fail(f"source failed: {type(exc).__name__}: {exc}")
         self.ended = True
+        self._ended(self.source.status().outcome)
         self._dirty = True
         self._refresh_screen()
 
-    async def _wait_for_target(self) -> None:
-        """A live run's --url that does not answer yet (a server still loading) is waited
-        for here, as long as it takes (or --wait), probed every 2 s and said in the events
-        and a notice, before the run process starts: it would fail at once. `q` quits."""
-        from loadgen.run.preflight import TargetError, check_url, wait_for_target
+    def _ended(self, outcome: RunOutcome | None) -> None:
+        """The run's end, as the run said it (or as its death was seen): an event, and for a
+        run that died, the header's error line."""
+        if outcome is None:
+            return
+        died = outcome.ending == "died"
+        self._note("run", outcome.reason, level="error" if died else "info")
+        if died:
+            self._fail(outcome.reason)
 
-        cfg, secrets = getattr(self.source, "cfg", None), getattr(self.source, "secrets", None)
-        if getattr(cfg, "url", None) is None or secrets is None:
-            return  # a replay, or the embedded simulator
-        try:
-            base = check_url(cfg.url)
-        except TargetError:
-            return  # the run process says what is wrong with it, in its words
-
-        def say(line: str) -> None:
-            text = line.removeprefix("tokentop: ").replace("Ctrl-C to stop", "q to quit")
-            up = not text.startswith("waiting for")  # said once each: waiting, then up
-            self._waiting = None if up else text
+    def _took_status(self, status: SourceStatus) -> None:
+        """What the source says beside its Snapshots: the wait for the target (the header,
+        a notice, the events: once each) and the run's other notices."""
+        waiting = status.waiting.text if status.waiting is not None else None
+        if waiting is not None and waiting != self._waiting_said:
+            self._waiting_said = waiting
+            text = f"{waiting}, {KEYS_TO_STOP['console']}"
             self.clear_notifications()
-            self.notify(text, severity="information" if up else "warning",
-                        timeout=5 if up else 24 * 3600)
-            self._note("target", text, level="info" if up else "warn")
+            self.notify(text, severity="warning", timeout=24 * 3600)
+            self._note("run", text, level="warn")
+        for notice in status.said[self._said_shown:]:
+            self._said(notice)
+        self._said_shown = len(status.said)
 
-        host = asyncio.create_task(self._host_while_waiting())
-        try:
-            await wait_for_target(base, secrets.authorization(), say, cfg.wait)
-        except TargetError:
-            self._waiting = None  # --wait is over: the run process says so, in its words
-        finally:
-            host.cancel()
-            self._waiting_host = None
-
-    async def _host_while_waiting(self) -> None:
-        """The host is local: its panel is live while the target does not answer yet (the
-        run process, whose probes fill every other panel, starts when it does)."""
-        from probes.host import HostProbe
-
-        probe = HostProbe()
-        while True:
-            self._waiting_host = probe.sample()
-            self._dirty = True
-            await asyncio.sleep(1.0)
+    def _said(self, notice: Notice) -> None:
+        if notice.kind == "up":  # the target answers after a wait: the warning is over
+            self.clear_notifications()
+            self.notify(notice.text, timeout=5)
+        self._note("run", notice.text, level="warn" if notice.kind == "warning" else "info")
 
     def _take(self, snap: Snapshot) -> None:
         """Fold one Snapshot in: windows, history rings, events. No drawing here."""
@@ -361,13 +348,20 @@ class TokentopApp(App[None]):
         self._refresh_screen()
 
     def _refresh_screen(self) -> None:
-        """Redraw in one batch, only if something new arrived since the last draw."""
+        """Redraw in one batch, only if something new arrived since the last draw (a
+        Snapshot, or news in the source's status)."""
+        status = self.source.status()
+        if status != self._status:
+            self._status = status
+            self._took_status(status)
+            self._dirty = True
         if not self._dirty:
             return
         self._dirty = False
         snap = self.windows.last
         # the topmost full screen: a dialog (modal overlay) over it leaves it showing, live
         screen = next(s for s in reversed(self.screen_stack) if not isinstance(s, ModalScreen))
+        status = self._status
         with self.batch_update():
             view = None
             if snap is not None:
@@ -378,34 +372,34 @@ class TokentopApp(App[None]):
                     slos=self.slos, outage=self.outage,
                     dense=self.windows.dense(self.window),
                     error_events=tuple(self.error_events),
-                    target_note=self.target_note,
                 )
             events = self.screen_stack[0].query_one(EventsPanel)
             if self._pending_events:
                 events.add(self._pending_events)
                 self._pending_events = []
             for header in screen.query(HeaderBar):
-                header.show(snap, description=self._description(), source_kind=self.source_kind,
-                            ended=self.ended, error=self.error, outage=self.outage)
+                header.show(snap, description=self._description(), source_kind=status.kind,
+                            ended=self.ended, error=self.error, outage=self.outage,
+                            replay=status.replay)
             if isinstance(screen, DetailScreen):
                 screen.draw(view)
             elif view is not None and screen is self.screen_stack[0]:
                 for panel in screen.query(Panel):
                     panel.show(view)
-            elif self._waiting_host is not None and screen is self.screen_stack[0]:
+            elif status.waiting is not None and status.waiting.host is not None \
+                    and screen is self.screen_stack[0]:
                 for panel in screen.query(HostPanel):
-                    panel.show(self._host_view())
+                    panel.show(self._host_view(status.waiting.host))
             if snap is not None:
                 self.drawn_seq = snap.seq
 
-    def _host_view(self) -> View:
-        """A view with only the host in it, while no Snapshot has come (the target is being
-        waited for): the host panel's, not the run's."""
-        cfg = getattr(self.source, "cfg", None)
+    def _host_view(self, host) -> View:
+        """A view with only the host in it, while no Snapshot has come (the run waits for its
+        target and sends the host meanwhile): the host panel's, not the run's."""
         snap = Snapshot(run_id="", seq=-1, t=time.time(), elapsed=0.0, interval=0.0,
-                        target=Target(url=getattr(cfg, "url", None) or "", model=""),
-                        load=LoadState(), counters=Counters(), host=self._waiting_host)
-        return View(snap=snap, stats={}, window=self.window, target_note=self.target_note)
+                        target=Target(url="", model=""), load=LoadState(),
+                        counters=Counters(), host=host)
+        return View(snap=snap, stats={}, window=self.window)
 
     def on_screen_resume(self) -> None:
         self.redraw_now()
@@ -414,11 +408,9 @@ class TokentopApp(App[None]):
 
     @property
     def run_dir(self) -> Path | None:
-        """Where the run records (None: not recorded, or not known yet)."""
-        snap = self.windows.last
-        if self._run_dir is None and snap is not None and self._run_dir_of is not None:
-            self._run_dir = self._run_dir_of(snap.run_id)
-        return self._run_dir
+        """Where the run records, as the source says (None: not recorded, or not yet)."""
+        run_dir = self.source.status().run_dir
+        return Path(run_dir) if run_dir is not None else None
 
     def _open_loop(self) -> bool:
         snap = self.windows.last
@@ -518,8 +510,8 @@ class TokentopApp(App[None]):
     async def action_seek_by(self, seconds: float) -> None:
         if not self._is_replay():
             return
-        replay = replay_of(self.source)
-        if seconds > 0 and replay is not None and replay.status().at_end:
+        replay = self.source.status().replay
+        if seconds > 0 and replay is not None and replay.at_end:
             self.notify("at the end of the recording", timeout=2)
             return
         await self._send(Control(op="seek_by", value=seconds, source="key"),
@@ -527,7 +519,7 @@ class TokentopApp(App[None]):
 
     async def action_replay_pause(self) -> None:
         """The replay's own pause, whatever the recorded run was doing at that point."""
-        replay = replay_of(self.source)
+        replay = self.source.status().replay
         if replay is not None and replay.paused:
             await self._send(Control(op="resume", source="key"), "replay resumed")
         else:
@@ -550,7 +542,7 @@ class TokentopApp(App[None]):
 
     @property
     def source_kind(self) -> SourceKind:
-        return getattr(self.source, "kind", "live")
+        return self._status.kind
 
     def _is_replay(self) -> bool:
         return self.source_kind == "replay"
@@ -678,45 +670,16 @@ class TokentopApp(App[None]):
         await self._close_source()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        """The console's own keys in the command palette beside Textual's (whose "Quit" is
-        our action_quit, so it drains the load too)."""
+        """The console's own keys in the command palette beside Textual's, made from
+        BINDINGS (one list: a key added there is in the palette too), only those that are
+        on here (a replay's keys in a replay, the load's otherwise). Textual's own "Quit" is
+        our action_quit, so it drains the load too."""
         yield from super().get_system_commands(screen)
-        if self._is_replay():  # the load commands would only say "not in a replay"
-            yield from self._replay_commands()
-            return
-        for _key, display, step in STEP_KEYS:
-            yield SystemCommand(
-                f"Load {step:+d}",
-                f"Concurrency {step:+d} (open loop: rate {step:+d} req/s) (key {display})",
-                partial(self.action_step, step),
-            )
-        commands = (
-            ("Set exact load", "Type a concurrency or rate (key =)", self.action_set_exact),
-            ("Switch loop mode", "Closed loop ⇄ open loop (key m)", self.action_toggle_mode),
-            ("Pause / resume", "Pause or resume the load (key p)", self.action_pause),
-            ("Cycle latency window", "10 s, 1 min, 10 min, run (key w)", self.action_cycle_window),
-            ("Reset windows", "Statistics start from now (key r)", self.action_reset),
-            ("Next theme", "Cycle the tokentop themes (key t)", self.action_cycle_theme),
-            ("Mark an event", "Add a note to the event log (key e)", self.action_mark),
-            ("Save screenshot", "SVG + Snapshot JSON (key s)", self.action_save),
-            ("Latency distribution", "Percentile curve (key d)",
-             partial(self.action_detail, "distribution")),
-            ("GPU detail", "Every GPU field (key g)", partial(self.action_detail, "gpus")),
-            ("Errors", "Errors by kind, last messages (key x)",
-             partial(self.action_detail, "errors")),
-            ("Raw Snapshot", "The latest Snapshot as text (key v)",
-             partial(self.action_detail, "snapshot")),
-            ("Help", "List the keys (key ?)", self.action_help),
-        )
-        for title, help_text, callback in commands:
-            yield SystemCommand(title, help_text, callback)
-
-    def _replay_commands(self) -> Iterable[SystemCommand]:
-        yield SystemCommand("Pause / resume the replay", "Stop or go on (key p)",
-                            self.action_replay_pause)
-        for factor, key in ((1.0, "1"), (10.0, "2"), (100.0, "3")):
-            yield SystemCommand(f"Replay at ×{factor:g}", f"Speed (key {key})",
-                                partial(self.action_replay_speed, factor))
-        yield SystemCommand("Back 30 s", "Seek (key ←)", partial(self.action_seek_by, -30.0))
-        yield SystemCommand("Forward 30 s", "Seek (key →)", partial(self.action_seek_by, 30.0))
-        yield SystemCommand("Help", "List the keys (key ?)", self.action_help)
+        for binding in self.BINDINGS:
+            assert isinstance(binding, Binding)
+            name = binding.action.partition("(")[0]
+            if name == "quit" or not binding.tooltip or not self.check_action(name, ()):
+                continue
+            key = binding.key_display or binding.key
+            title = binding.tooltip[0].upper() + binding.tooltip[1:]
+            yield SystemCommand(title, f"key {key}", partial(self.run_action, binding.action))

@@ -35,5 +35,3 @@ class View:
     # the chosen window's summed histograms (dense counts, µs): read-only
     dense: Mapping[str, np.ndarray] = field(default_factory=dict)
     error_events: tuple[Event, ...] = ()
-    # what the target is beyond its URL (the embedded simulator's profile, slots, KV, faults)
-    target_note: str | None = None

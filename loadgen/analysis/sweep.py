@@ -34,6 +34,7 @@ import numpy as np
 
 from loadgen import __version__
 from loadgen.model import hdr, units
+from loadgen.model.notice import as_line
 from loadgen.model.snapshot import METRICS, Control, Snapshot
 from loadgen.run.config import ConfigError, RunConfig
 from loadgen.run.secrets import Secrets
@@ -234,7 +235,7 @@ async def run_sweep(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None = N
     any run); raises SessionError before any load. `echo` gets the table, `progress` (stderr
     unless given) a line every PROGRESS_EVERY_S within a step."""
     session = Session(msgspec.structs.replace(cfg, concurrency=0, rate=0.0), secrets,
-                      record=record, say=_to_stderr)
+                      record=record, say=lambda notice: _to_stderr(as_line(notice)))
     await session.start()
     snaps = session.snapshots()
     echo(HEADER)

@@ -68,6 +68,7 @@ from loadgen.eval.results import (
     skipped,
     state_to_builtins,
 )
+from loadgen.model.notice import Notice
 from loadgen.record.rundir import iter_snapshots, write_json_atomic
 from loadgen.run.config import RunConfig
 from loadgen.run.embedded_sim import EmbeddedSim, SimStartError
@@ -255,18 +256,14 @@ def _phase_cfg(ev: Eval, name: str, **load: Any) -> RunConfig:
 
 async def _session(ev: Eval, name: str, cfg: RunConfig) -> Path:
     """Run `cfg` through one Session to its end; its run directory."""
-    last = [0.0]
 
-    def say(line: str) -> None:
-        # the progress line every PROGRESS_EVERY_S, not every second: a day's soak in an
-        # eval is otherwise 86 400 lines; events and warnings as they come
-        if line.startswith("[") and time.monotonic() - last[0] < PROGRESS_EVERY_S:
-            return
-        if line.startswith("["):
-            last[0] = time.monotonic()
-        ev.say(f"  {name}: {line.removeprefix('tokentop: ')}")
+    def say(notice: Notice) -> None:
+        ev.say(f"  {name}: {notice.text}")
 
-    session = Session(cfg, ev.secrets, sinks=[ProgressLines(say)], say=say)
+    # the progress line every PROGRESS_EVERY_S, not every second: a day's soak in an eval is
+    # otherwise 86 400 lines; events and warnings as they come
+    session = Session(cfg, ev.secrets, sinks=[ProgressLines(say, every=PROGRESS_EVERY_S)],
+                      say=say)
     code = await session.run()
     if code == EXIT_UNUSABLE:  # said already, in the session's words
         raise EvalError(f"{name}: the run could not start (said above)")

@@ -21,7 +21,6 @@ import msgspec
 
 from loadgen.fleet.monitor import AgentState, FleetMonitor
 from loadgen.model import hdr
-from loadgen.model.kinds import SourceKind
 from loadgen.model.snapshot import (
     Control,
     Counters,
@@ -31,7 +30,7 @@ from loadgen.model.snapshot import (
     Snapshot,
     Target,
 )
-from loadgen.model.source import SourceError
+from loadgen.model.source import SourceError, SourceStatus
 
 TICK_S = 0.5
 
@@ -73,7 +72,6 @@ class _Contribution:
 
 
 class FleetMergedSource:
-    kind: SourceKind = "fleet"
 
     def __init__(self, monitor: FleetMonitor, *, tick: float = TICK_S) -> None:
         self.monitor = monitor
@@ -85,6 +83,9 @@ class FleetMergedSource:
         self._closed = False
         self._seq = 0
         self._t0 = time.time()
+
+    def status(self) -> SourceStatus:
+        return SourceStatus(kind="fleet", description=self.description)
 
     async def start(self) -> None:
         await self.monitor.start()

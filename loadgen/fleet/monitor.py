@@ -40,9 +40,8 @@ import numpy as np
 from loadgen.fleet.link import BrokerSettings, MqttLink, check_level, topic
 from loadgen.fleet.publisher import decode_snapshot
 from loadgen.model import hdr
-from loadgen.model.kinds import SourceKind
 from loadgen.model.snapshot import METRICS, Control, Snapshot
-from loadgen.model.source import SourceError
+from loadgen.model.source import SourceError, SourceStatus
 
 log = logging.getLogger("tokentop.fleet")
 
@@ -473,8 +472,6 @@ def _sum(values: Iterable[float | int | None]):
 class FleetAgentSource:
     """One agent's Snapshots from the broker, for the ordinary console."""
 
-    kind: SourceKind = "fleet"
-
     def __init__(self, monitor: FleetMonitor, agent: str, *, own_monitor: bool = False) -> None:
         self.monitor = monitor
         self.agent = agent
@@ -482,6 +479,9 @@ class FleetAgentSource:
         self.description = f"fleet {monitor.fleet}/{agent} via {monitor.settings.display}"
         self._queue: asyncio.Queue[Snapshot | None] = asyncio.Queue()
         self._closed = False
+
+    def status(self) -> SourceStatus:
+        return SourceStatus(kind="fleet", description=self.description)
 
     async def start(self) -> None:
         await self.monitor.start()

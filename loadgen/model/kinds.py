@@ -57,7 +57,7 @@ Level = Literal["info", "warn", "error"]
 ControlOp = Literal[
     "set_concurrency", "add_concurrency", "set_rate", "add_rate", "set_mode", "auto_ramp",
     "pause", "resume", "stop", "mark",
-    "replay_speed", "seek_by",  # a replay's own
+    "replay_speed", "seek", "seek_by",  # a replay's own
 ]
 CONTROL_OPS: tuple[ControlOp, ...] = get_args(ControlOp)
 # What remote control (MQTT) may ask of an agent: the load, never stop or auto-ramp.

@@ -9,15 +9,20 @@ the same times.
 
 * Quiet: a tick in which no request succeeded and no output token arrived. A quiet span
   starts with a quiet tick in which something was attempted (a request in flight or one
-  that failed). Once it has evidence (below), every quiet tick extends it (a client
-  backing off between refused connects attempts nothing for a while); before that, a tick
-  in which nothing was attempted ends it (a paused load). Any success or token ends it.
-* Evidence: inside the span, requests failed with OUTAGE_ERRORS (unreachable or failing
-  server), or every stream in flight was stalled (a frozen server), or /metrics, which
-  had answered before, stopped answering while requests failed.
-* The outage begins when a quiet span with evidence has lasted OUTAGE_MIN_S; it is
-  announced then, dated from the start of the span (backdated). It ends at the start of
-  the first tick with a success or a token: MTTR = end − start.
+  that failed). An idle tick (nothing in flight, nothing failed) neither starts nor
+  extends one: before any evidence it ends the span (a paused load); after, it is held
+  and counts only if the failure is seen again after it (a client backing off between
+  refused connects attempts nothing for a while). Any success or token ends the span.
+* Evidence: requests failed with OUTAGE_ERRORS (unreachable or failing server), or the
+  server is frozen (every stream in flight stalled, with a second signal: some of them
+  had been streaming and went silent, or /metrics stopped answering; a long wait for a
+  first token alone is a busy server, not a frozen one), or /metrics, which had answered
+  before, stopped answering while requests failed.
+* The failure must persist: the outage begins at a tick that shows evidence once the span
+  has lasted OUTAGE_MIN_S (one error followed by idle time is an error, not an outage);
+  it is announced then, dated from the start of the span (backdated). It ends at the
+  start of the first tick with a success or a token, or, when idle ticks came just
+  before it, at the end of the last tick that tried and failed: MTTR = end − start.
 * Recording gaps: wall time between two Snapshots that no tick covers (a resume, a dead
   writer). A gap neither ends an outage nor counts as outage time: the duration is the
   time Snapshots covered inside it (`gap_s` says how much was left out).
@@ -34,13 +39,16 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from loadgen.model.kinds import SERVER_ERRORS, UNREACHABLE_ERRORS, EventKind, Health, Level
 from loadgen.model.snapshot import Counters, ServerMetrics, Snapshot
 
-# A stream in flight that has received no byte for this long is stalled (a frozen server).
+# A stream that had started streaming and has received no byte for this long is stalled.
 STALL_AFTER_S = 5.0
+# A stream still waiting for its first token is stalled only past this many times the slowest
+# first token the run has seen (and STALL_AFTER_S): prefills and queues are slow, not frozen.
+FIRST_TOKEN_STALL_FACTOR = 4.0
 # How long nothing may succeed (with evidence of a failing server) before it is an outage.
 # Long enough that one multi-second stream that breaks, or a 500 while the other streams
 # are between tokens, stays an error (a few quiet ticks at most); short enough that a
@@ -65,6 +73,13 @@ Reason = Literal["unreachable", "failing", "frozen", "metrics"]
 REASON_ORDER: tuple[Reason, ...] = ("unreachable", "frozen", "failing", "metrics")
 
 
+class Stalled(NamedTuple):
+    """A worker's streams in flight that look frozen, and of those the first-token waits."""
+
+    stalled: int
+    stalled_first: int
+
+
 @dataclass(frozen=True, slots=True)
 class Tick:
     """One observation: what happened during (t − interval, t]."""
@@ -75,16 +90,17 @@ class Tick:
     tokens: int  # output tokens that arrived in it
     errors: Mapping[str, int]  # requests that failed in it, by kind
     in_flight: int  # at its end
-    stalled: int  # streams in flight with no byte for STALL_AFTER_S, at its end
+    stalled: int  # streams in flight that look frozen, at its end (LoadState.stalled)
     metrics_ok: bool | None  # whether /metrics answered (None: not probed)
+    stalled_first: int = 0  # of the stalled, those still waiting for their first token
 
     @classmethod
     def of(cls, t: float, interval: float, delta: Counters, *, in_flight: int, stalled: int,
-           server: ServerMetrics | None) -> Tick:
+           server: ServerMetrics | None, stalled_first: int = 0) -> Tick:
         """From this tick's counters (not cumulative ones) and the load at its end."""
         return cls(t=t, interval=interval, ok=delta.requests_ok, tokens=delta.output_tokens,
                    errors={k: n for k, n in delta.errors.items() if n > 0},
-                   in_flight=in_flight, stalled=stalled,
+                   in_flight=in_flight, stalled=stalled, stalled_first=stalled_first,
                    metrics_ok=None if server is None else server.ok)
 
     @classmethod
@@ -96,6 +112,7 @@ class Tick:
                    tokens=c.output_tokens - prev.output_tokens,
                    errors={k: n for k, n in errors.items() if n > 0},
                    in_flight=snap.load.in_flight, stalled=snap.load.stalled,
+                   stalled_first=snap.load.stalled_first,
                    metrics_ok=None if snap.server is None else snap.server.ok)
 
     def evidence(self, metrics_seen_ok: bool) -> list[Reason]:
@@ -103,7 +120,7 @@ class Tick:
         out: list[Reason] = []
         if any(self.errors.get(k, 0) for k in UNREACHABLE_ERRORS):
             out.append("unreachable")
-        if self.in_flight > 0 and self.stalled >= self.in_flight:
+        if self.frozen(metrics_seen_ok):
             out.append("frozen")
         if any(self.errors.get(k, 0) for k in OUTAGE_ERRORS if k not in UNREACHABLE_ERRORS):
             out.append("failing")
@@ -111,6 +128,15 @@ class Tick:
         if self.metrics_ok is False and metrics_seen_ok and failing:
             out.append("metrics")
         return out
+
+    def frozen(self, metrics_seen_ok: bool) -> bool:
+        """Every stream in flight looks frozen, and a second signal says the server is: some
+        of them had been streaming (and went silent), or /metrics, which had answered,
+        does not. Long first-token waits alone are a busy server."""
+        if self.in_flight == 0 or self.stalled < self.in_flight:
+            return False
+        went_silent = self.stalled > self.stalled_first
+        return went_silent or (self.metrics_ok is False and metrics_seen_ok)
 
 
 @dataclass
@@ -123,6 +149,7 @@ class Outage:
     end: float | None = None  # the start of the tick with the first success or token
     last_t: float = 0.0  # the end of the last tick seen inside it
     covered_s: float = 0.0  # time Snapshots covered inside it: its duration
+    idle_s: float = 0.0  # idle ticks since its last attempted one (counted if it goes on)
     gap_s: float = 0.0  # recording gaps inside it (not outage time)
     failed: int = 0  # requests that failed inside it (cancelled and client_* too)
     errors: dict[str, int] = field(default_factory=dict)
@@ -157,6 +184,18 @@ class Change:
     message: str
     t: float  # the end of the tick that showed it
     outage: Outage | None = None  # outage and recovery: which one
+    since: float | None = None  # stall: when it began (unix seconds)
+    seconds: float | None = None  # stall over: how long it lasted
+    count: int | None = None  # stall: streams stalled when it began
+
+    def payload(self) -> dict:
+        """The event's typed fields (loadgen.model.snapshot.Event): the outage's start names
+        it, a recovery carries its MTTR, a stall its start, size and length."""
+        out = self.outage
+        if out is not None:
+            return {"since": out.start,
+                    "seconds": out.duration_s if self.kind == "recovery" else None}
+        return {"since": self.since, "seconds": self.seconds, "count": self.count}
 
 
 class OutageTracker:
@@ -214,7 +253,8 @@ class OutageTracker:
         self.announced = False
         if out is None or not announced:
             return []
-        out.end = tick.t - tick.interval
+        # idle ticks just before: nothing was tried then, so nothing says it was still out
+        out.end = tick.t - tick.interval - out.idle_s
         self._recent.clear()  # its errors were the outage's: "degraded" starts afresh
         what = "requests succeed again" if tick.ok else "tokens arrive again"
         gaps = f" (not counting {out.gap_s:.1f} s unrecorded)" if out.gap_s else ""
@@ -229,10 +269,15 @@ class OutageTracker:
             # without evidence yet, idle time dates nothing: a paused load is not an outage
             self._quiet = None
             return []
+        if idle:  # held: it is inside the span only if the failure is seen again after it
+            assert span is not None
+            span.idle_s += tick.interval
+            return []
         if span is None:
             span = self._quiet = Outage(start=tick.t - tick.interval, reason="unreachable")
         else:
             span.gap_s += gap
+            self._take_idle(span)
         span.covered_s += tick.interval
         span.last_t = tick.t
         span.failed += failed
@@ -247,13 +292,21 @@ class OutageTracker:
         if self.current is None and evidence:
             span.reason = evidence[0]
             self.current = span
-        if self.current is None or span.covered_s < self.min_s - 1e-9:
+        # announced only on a tick that still shows the failure: it must persist
+        if self.current is None or not evidence or span.covered_s < self.min_s - 1e-9:
             return []
         self.announced = True
         span.announced_at = tick.t
         self.outage_s += span.covered_s
         return [Change("outage", "error", f"outage started {span.covered_s:.1f} s ago: "
                        f"{span.words()}", tick.t, span)]
+
+    def _take_idle(self, span: Outage) -> None:
+        """An attempted tick after idle ones: the span went on through them."""
+        span.covered_s += span.idle_s
+        if self.announced:
+            self.outage_s += span.idle_s
+        span.idle_s = 0.0
 
     # ---- stalls and health -----------------------------------------------------------------
 
@@ -262,7 +315,7 @@ class OutageTracker:
             self.stall_since = tick.t
             return [Change("stall", "warn", f"{tick.stalled} of {tick.in_flight} streams in "
                            f"flight have received nothing for ≥{STALL_AFTER_S:g} s (server "
-                           "frozen?)", tick.t)]
+                           "frozen?)", tick.t, since=tick.t, count=tick.stalled)]
         return []
 
     def _stall_ended(self, tick: Tick) -> list[Change]:
@@ -270,7 +323,8 @@ class OutageTracker:
             lasted = tick.t - self.stall_since
             self.stall_since = None
             return [Change("stall", "info", f"stall over after {lasted:.1f} s: no stream in "
-                           f"flight has waited ≥{STALL_AFTER_S:g} s for data", tick.t)]
+                           f"flight has waited ≥{STALL_AFTER_S:g} s for data", tick.t,
+                           since=tick.t - lasted, seconds=lasted)]
         return []
 
     def _health(self, tick: Tick) -> Health:

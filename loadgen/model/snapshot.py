@@ -26,6 +26,7 @@ import msgspec
 from loadgen.model.kinds import (
     ControlOp,
     ControlSource,
+    ErrorKind,
     EventKind,
     Health,
     Level,
@@ -51,6 +52,9 @@ class Target(msgspec.Struct, kw_only=True):
     # how prompt lengths are known (--tokenizer): "path" (a local tokenizer), "server" (the
     # target's /tokenize): exact; "approx" (about one token a word); None: older recordings
     lengths: str | None = None
+    # what the target is beyond its URL, in words: the embedded simulator's profile, slots,
+    # KV budget and faults at start (None: a real server, or an older recording)
+    about: str | None = None
 
 
 class LoadState(msgspec.Struct, kw_only=True):
@@ -63,8 +67,11 @@ class LoadState(msgspec.Struct, kw_only=True):
     in_flight: int = 0  # requests sent and not yet finished, all workers
     backlog: int = 0  # requests due but not yet sent (open loop)
     warmup: bool = False  # this tick is warm-up: excluded from results
-    # streams in flight that have received no byte for STALL_AFTER_S (loadgen.model.outage)
+    # streams in flight that look frozen (loadgen.model.outage): streaming, then nothing for
+    # STALL_AFTER_S; or still waiting for a first token far longer than any first token of
+    # the run took (those are also in stalled_first: a long wait alone is no frozen server)
     stalled: int = 0
+    stalled_first: int = 0
     health: Health = "up"  # up | degraded (errors, some success) | outage (loadgen.model.outage)
     outage_since: float | None = None  # unix time the current outage began (None: no outage)
     note: str | None = None  # e.g. "ramp 8→64, 30 s left"
@@ -293,10 +300,21 @@ class Efficiency(msgspec.Struct, kw_only=True):
 
 
 class Event(msgspec.Struct, kw_only=True):
+    """Something that happened, in words for people and in a small typed payload for code:
+    a reader counts, matches or dates events by the payload, never by the wording."""
+
     t: float  # unix seconds
     kind: EventKind
     level: Level = "info"
     message: str
+    # error: how many requests failed this way since the last event of the kind (all of
+    # them, however many messages were kept); stall: the streams stalled when it began
+    count: int | None = None
+    error: ErrorKind | None = None  # error: which kind of failure
+    # outage, recovery: the outage's start (unix seconds), which names it; stall: its start
+    since: float | None = None
+    # recovery: how long the outage lasted (its MTTR); stall over: how long the stall did
+    seconds: float | None = None
 
 
 class Snapshot(msgspec.Struct, kw_only=True):

@@ -33,12 +33,10 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.model.kinds import SourceKind
 from loadgen.model.snapshot import Control, Event, Snapshot
-from loadgen.model.source import SourceError
+from loadgen.model.source import ReplayStatus, SourceError, SourceStatus
 from loadgen.record.rundir import (
     FINISHED,
     INTERRUPTED,
@@ -53,7 +51,6 @@ from loadgen.record.rundir import (
     still_written,
 )
 
-REPLAY_OPS = ("pause", "resume", "replay_speed", "seek", "seek_by", "stop")
 PREROLL_S = 60.0  # after a seek, this much before the target is sent at once (fills windows)
 
 
@@ -82,28 +79,6 @@ def end_note(state: str, manifest: dict) -> tuple[str, str]:
     return "info", "the run finished" if state == FINISHED else f"the run is {state}"
 
 
-@dataclass(frozen=True)
-class ReplayStatus:
-    """Where a replay stands, for the console's header and keys."""
-
-    position: float  # elapsed of the last Snapshot given out
-    length: float  # elapsed of the last Snapshot recorded (so far, while following)
-    speed: float
-    paused: bool  # the replay's own pause, not the recorded run's
-    following: bool  # the run is still written: the length grows
-    at_end: bool  # all that is recorded has been given out and no seek is under way
-
-
-def replay_of(source) -> ReplaySource | None:
-    """The ReplaySource behind a source: itself, or the one a wrapper (a WatchedSource,
-    as `tokentop replay --slo` makes) holds as `.source`."""
-    for _ in range(4):  # wrappers do not nest deeper; bounded so a cycle cannot hang
-        if isinstance(source, ReplaySource):
-            return source
-        source = getattr(source, "source", None)
-    return None
-
-
 class _Clock:
     """Recorded time → wall time at the replay speed; rebased on a pause or a new speed."""
 
@@ -128,8 +103,6 @@ class _Clock:
 
 
 class ReplaySource:
-    kind: SourceKind = "replay"
-
     def __init__(self, run_dir: Path | str, *, speed: float = 1.0, follow: bool | None = None,
                  poll_s: float = 0.25, warn=None, hold: bool = False) -> None:
         self.run_dir = Path(run_dir)
@@ -200,11 +173,13 @@ class ReplaySource:
     def _seek(self, to: float) -> None:
         self._target = self._seek_to = min(max(0.0, to), self.length)
 
-    def status(self) -> ReplayStatus:
-        return ReplayStatus(
+    def status(self) -> SourceStatus:
+        replay = ReplayStatus(
             position=self.position, length=max(self.length, self.position), speed=self.speed,
             paused=self.paused, following=bool(self.follow),
             at_end=self._target is None and self.position >= self.length)
+        return SourceStatus(kind="replay", description=self.description,
+                            run_dir=str(self.run_dir), replay=replay)
 
     async def close(self) -> None:
         self._stopped = True

@@ -123,6 +123,11 @@ class RunConfig(msgspec.Struct, kw_only=True):
     on_disk_full: str = "stop"
     resume: str | None = None
 
+    def sim_profile(self) -> str | None:
+        """The embedded simulator's --profile, as given (None: its defaults)."""
+        flags = self.sim_flags
+        return flags[flags.index("--profile") + 1] if "--profile" in flags[:-1] else None
+
     def parsed(self) -> Parsed:
         return _parse(self)
 

@@ -4,8 +4,10 @@ The coordinator starts the embedded simulator when there is no target, checks
 the target, starts the worker processes and the probes, and then once per
 tick asks every worker for its interval, merges the interval histograms and
 counters, adds the latest probe samples and the events, and yields a
-Snapshot. Control messages (from keys, the CLI or MQTT) change the load
-between ticks, so a change shows in the next Snapshot.
+Snapshot. What the load is set to, and when the run stops, is the Steering's
+(loadgen.run.steering): control messages (from keys, the CLI or MQTT), ramps,
+the auto-ramp and the stop policy change the load between ticks, so a change
+shows in the next Snapshot.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import logging
 import os
 import time
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -25,7 +27,7 @@ import msgspec
 import numpy as np
 
 from loadgen.model import hdr
-from loadgen.model.outage import OutageTracker, Tick
+from loadgen.model.outage import OutageTracker, Stalled, Tick
 from loadgen.model.snapshot import (
     METRICS,
     ClientSample,
@@ -39,7 +41,6 @@ from loadgen.model.snapshot import (
     Snapshot,
     Target,
 )
-from loadgen.run.auto_ramp import AutoRamp
 from loadgen.run.config import ConfigError, RunConfig, default_workers
 from loadgen.run.embedded_sim import EmbeddedSim, SimStartError
 from loadgen.run.heap import HeapTrimmer
@@ -47,6 +48,8 @@ from loadgen.run.pool import WorkerPool
 from loadgen.run.preflight import TargetError, check_url, resolve_lengths, resolve_model
 from loadgen.run.resume import ResumeFrom
 from loadgen.run.secrets import Secrets
+from loadgen.run.steering import Steering
+from loadgen.sim.presets import describe
 from loadgen.worker import wire
 from loadgen.worker.limits import FD_MARGIN, raise_open_file_limit, streams_that_fit
 from probes.gpu import GpuProbe
@@ -58,11 +61,15 @@ log = logging.getLogger("tokentop.coordinator")
 
 PROBE_PERIOD_S = 1.0
 ERROR_EVENT_EVERY_S = 5.0  # one event per error kind at most this often, with the count
-ERROR_RATE_WINDOW_S = 10.0  # --stop-error-rate looks this far back …
-ERROR_RATE_MIN_REQUESTS = 20  # … and needs at least this many requests to judge
 TRACE_MARGIN_S = 0.3  # a trace's last entry is sent and counted in flight by then
 LAG_WARN_MS = 5.0  # event-loop lag that starts to show in latencies
-TICK_EARLY_S = 0.01
+
+
+class Merged(NamedTuple):
+    """One tick's worker reports, merged."""
+
+    dense: dict[str, np.ndarray]  # metric -> this tick's histogram (dense counts, µs)
+    lag_ms: float | None  # the worst event-loop lag of any worker (None: none reported)
 
 
 class Coordinator:
@@ -76,9 +83,8 @@ class Coordinator:
         self.run_id = resume.run_id if resume else uuid.uuid4().hex[:12]
         self.sim: EmbeddedSim | None = None
         self.pool = WorkerPool(cfg.workers or default_workers())
-        self.spec = cfg.load_spec()
-        self.ramp = self.parsed.ramp
-        self.auto: AutoRamp | None = None
+        self.steer = Steering(cfg, self.parsed, self.pool.set_load,
+                              lambda kind, message: self._event(kind, message))
         self.state = "starting"
         self.target: Target | None = None
         # a resumed run carries its totals on, so cumulative counters never go backwards
@@ -92,6 +98,7 @@ class Coordinator:
         self._worker_cpu: dict[int, float] = {}
         self._stop_requested = asyncio.Event()
         self._stop_reason: str | None = None
+        self._grace: float | None = None  # a stop's own drain grace (None: --drain-grace)
         self._drain: asyncio.Task | None = None
         self._server: ServerMetrics | None = None
         self._gpu = GpuStatus(message="GPU probe not started yet")
@@ -101,11 +108,9 @@ class Coordinator:
         self._last_error_event: dict[str, float] = {}
         self._pending_errors: dict[str, tuple[int, str]] = {}
         self._reported_failures: set[str] = set()
-        self._recent: deque[tuple[float, int, int]] = deque()  # (t, ok, failed) for error rate
         self._lag_warned = 0.0
-        self._load_started: float | None = None  # elapsed seconds when warm-up ended
-        self._elapsed = 0.0
-        self._stalled: dict[int, int] = {}  # per worker: its last report's stalled streams
+        # per worker: its last report's stalled streams, and of those the first-token waits
+        self._stalled: dict[int, Stalled] = {}
         self._outages = OutageTracker()  # health, outages and stalls (loadgen.model.outage)
         # a tick's merged histograms, one kept array a metric: a fresh 184 KB one a metric a
         # tick fragments a long run's heap (whoever is handed them must copy what it keeps)
@@ -140,7 +145,7 @@ class Coordinator:
         self.lengths = await resolve_lengths(self._session, base, model, cfg.tokenizer,
                                              self.secrets.authorization())
         self.target = Target(url=base, model=model, api=cfg.api, simulated=self.sim is not None,
-                             lengths=self.lengths.source)
+                             lengths=self.lengths.source, about=self._about())
         self.host = HostProbe()
         root = base.removesuffix("/v1")
         self.gpu = await GpuProbe.create(root, self._session)
@@ -155,22 +160,25 @@ class Coordinator:
         await self._sample_probes()
         self._probe_task = asyncio.create_task(self._probe_loop())
         await self._start_workers(base, model)
-        if self.ramp is not None:
-            self._set_main_value(self.ramp.value_at(0.0))
-        if cfg.auto_ramp:
-            self._start_auto_ramp("cli")
-        self.pool.set_load(self.spec)
+        self.steer.begin()
         self.state = "running"
         workload = self.parsed.workload(cfg, model, self.lengths)
-        self._event("run", f"run started: {self._load_text()}; {workload.describe()}; "
+        self._event("run", f"run started: {self.steer.load_text()}; {workload.describe()}; "
                     f"model {model}; {self.lengths.note}")
+
+    def _about(self) -> str | None:
+        """The embedded simulator in words (profile, slots, KV budget, faults at start), the
+        same words `tokentop sim` says; None for a real server."""
+        if self.sim is None:
+            return None
+        return f"simulator, {describe(self.sim.config, self.cfg.sim_profile())}"
 
     def _check_open_files(self) -> None:
         """Raise the open-file limit (the workers inherit it) and refuse, before any load, a
         start that cannot fit under it: one socket a stream, in each worker."""
         limit = raise_open_file_limit()
         n = self.pool.n
-        spec = self.spec
+        spec = self.steer.spec
         if spec.mode == "closed":
             streams = spec.concurrency
             per_worker = -(-streams // n)  # the first workers take the remainder
@@ -216,25 +224,23 @@ class Coordinator:
 
     # ---- control -------------------------------------------------------------------------
 
+    @property
+    def spec(self):
+        """The load as it is set now (loadgen.worker.wire.LoadSpec)."""
+        return self.steer.spec
+
+    @property
+    def auto(self):
+        """The auto-ramp under way (loadgen.run.auto_ramp.AutoRamp), else None."""
+        return self.steer.auto
+
     async def control(self, msg: Control) -> None:
         if self.state not in ("running", "paused"):
             if msg.op == "stop":
                 self.request_stop()
             return
-        op, v = msg.op, msg.value
-        if op in ("set_concurrency", "add_concurrency", "set_rate", "add_rate") and v is not None:
-            self._manual_change(op, v, msg.source)
-        elif op == "auto_ramp":
-            self._start_auto_ramp(msg.source)
-            self.pool.set_load(self.spec)
-        elif op == "set_mode" and msg.note in ("closed", "open") and msg.note != self.spec.mode:
-            self.ramp = None
-            self.auto = None
-            self.spec = msgspec.structs.replace(self.spec, mode=msg.note)
-            self.pool.set_load(self.spec)  # while paused the workers keep it for the resume
-            later = "; from the resume" if self.state == "paused" else ""
-            self._event("operator", f"switched to {self._load_text()} ({msg.source}){later}")
-        elif op in ("pause", "resume"):
+        op = msg.op
+        if op in ("pause", "resume"):
             state = "paused" if op == "pause" else "running"
             if state != self.state:  # a second pause would restart nothing but the clock
                 self.pool.pause(op == "pause")
@@ -244,56 +250,16 @@ class Coordinator:
             self.request_stop("stopped by the operator")
         elif op == "mark":
             self._event("operator", f"mark: {msg.note or ''}".strip())
-
-    def _start_auto_ramp(self, source: str) -> None:
-        cfg = self.cfg
-        self.ramp = None
-        self.auto = AutoRamp(self.parsed.slos, hold_s=cfg.auto_ramp_hold,
-                             warmup_s=cfg.auto_ramp_warmup)
-        self.spec = msgspec.structs.replace(self.spec, mode="closed", concurrency=self.auto.load)
-        self._event("operator", f"auto-ramp started ({source}): doubling from "
-                    f"{self.auto.load} stream while the SLOs hold ({cfg.slo or 'knee rule'})")
-
-    def _manual_change(self, op: str, v: float, source: str) -> None:
-        """A manual change takes control back from a ramp."""
-        if self.ramp is not None or self.auto is not None:
-            self.ramp = None
-            self.auto = None
-            self._event("operator", f"ramp stopped by a manual change ({source})")
-        spec = self.spec
-        if op.endswith("concurrency"):
-            n = max(0, round((spec.concurrency if op == "add_concurrency" else 0) + v))
-            new = msgspec.structs.replace(spec, concurrency=n)
         else:
-            r = max(0.0, (spec.rate if op == "add_rate" else 0.0) + v)
-            new = msgspec.structs.replace(spec, rate=round(r, 3))
-        if new != spec:
-            self.spec = new
-            self.pool.set_load(new)  # while paused the workers keep it for the resume
-            later = "; from the resume" if self.state == "paused" else ""
-            self._event("operator", f"{self._load_text()} ({source}){later}")
+            self.steer.control(msg, paused=self.state == "paused")
 
-    def _set_main_value(self, value: float) -> None:
-        if self.spec.mode == "closed":
-            self.spec = msgspec.structs.replace(self.spec, concurrency=max(0, round(value)))
-        else:
-            self.spec = msgspec.structs.replace(self.spec, rate=max(0.0, round(value, 3)))
-
-    def _load_text(self) -> str:
-        s = self.spec
-        if s.mode == "closed":
-            return f"{s.concurrency} streams (closed loop)"
-        if s.trace:
-            span = self.parsed.trace_span or 0.0
-            return (f"trace {self.cfg.trace} at {s.trace_speed:g}× ({span / s.trace_speed:.0f} s, "
-                    "open loop)")
-        shape = f" k={s.shape:g}" if s.arrival == "gamma" else ""
-        cap = f", at most {s.max_in_flight} in flight" if s.max_in_flight else ""
-        return f"{s.rate:g} req/s {s.arrival}{shape} (open loop{cap})"
-
-    def request_stop(self, reason: str | None = None) -> None:
+    def request_stop(self, reason: str | None = None, *, grace: float | None = None) -> None:
+        """Stop at the next tick; `grace`: this stop's drain, shorter than --drain-grace (a
+        second signal, a console gone): the first reason is kept, the shortest grace."""
         if self._stop_reason is None:
             self._stop_reason = reason
+        if grace is not None:
+            self._grace = grace if self._grace is None else min(self._grace, grace)
         self._stop_requested.set()
 
     def cut_drain_short(self) -> None:
@@ -326,9 +292,13 @@ class Coordinator:
             if self._drain is not None and self._drain.done():
                 reports += self.pool.drain_reports()
                 self.state = "stopped"
-            snap = self._build(
-                seq, reports, t0_wall + (now - t0), offset + now - t0, now - last_tick
-            )
+            t, elapsed, interval = t0_wall + (now - t0), offset + now - t0, now - last_tick
+            merged = self._merge(reports, t, interval)
+            # the auto-ramp judges its step on what this tick measured, beside the stop policy
+            self.steer.track(t, self.counters)
+            self.steer.after_tick(elapsed, merged.dense, self.counters,
+                                  running=self.state == "running")
+            snap = self._snapshot(seq, t, elapsed, interval, merged)
             last_tick = now
             seq += 1
             yield snap
@@ -341,23 +311,10 @@ class Coordinator:
 
     def _advance(self, elapsed: float) -> None:
         """Once a tick, before collecting: warm-up, ramps, limits."""
-        self._elapsed = elapsed
+        self.steer.elapsed = elapsed
         if self._drain is not None:
             return
-        if self._load_started is None and elapsed >= self.cfg.warmup:
-            # without a warm-up the load is measured from the start (as the windows are);
-            # with one, from the tick in which it ended (the windows forget up to there)
-            self._load_started = elapsed if self.cfg.warmup > 0 else 0.0
-            if self.cfg.warmup > 0:
-                self._event("run", f"warm-up over after {self.cfg.warmup:g} s: measuring")
-        if self.ramp is not None and self.state == "running":
-            before = self.spec
-            self._set_main_value(self.ramp.value_at(elapsed))
-            if self.spec != before:
-                self.pool.set_load(self.spec)
-            if self.ramp.finished(elapsed):
-                self._event("run", f"ramp finished at {self._load_text()}")
-                self.ramp = None
+        self.steer.advance(elapsed, running=self.state == "running")
         reason = self._stop_due(elapsed)
         if reason is not None:
             self.request_stop(reason)
@@ -365,25 +322,9 @@ class Coordinator:
             self._begin_drain()
 
     def _stop_due(self, elapsed: float) -> str | None:
-        cfg = self.cfg
-        measured = elapsed - (self._load_started if self._load_started is not None else elapsed)
-        # a tick's timer may fire a little early (uvloop's have millisecond resolution): a
-        # tick within TICK_EARLY_S of the duration is the one that reaches it
-        if (cfg.duration is not None and self._load_started is not None
-                and measured >= cfg.duration - TICK_EARLY_S):
-            return f"duration of {cfg.duration:g} s reached"
-        c = self.counters
-        if cfg.max_requests is not None and c.requests_ok + c.requests_failed \
-                + c.requests_cancelled >= cfg.max_requests:
-            return f"{cfg.max_requests} requests done"
-        if cfg.stop_error_rate is not None and self._recent:
-            _, ok0, failed0 = self._recent[0]
-            ok, failed = c.requests_ok - ok0, c.requests_failed - failed0
-            n = ok + failed
-            if n >= ERROR_RATE_MIN_REQUESTS and failed / n > cfg.stop_error_rate:
-                return (f"error rate {failed / (ok + failed):.0%} over the last "
-                        f"{ERROR_RATE_WINDOW_S:g} s passed --stop-error-rate "
-                        f"{cfg.stop_error_rate:g}")
+        reason = self.steer.stop_due(elapsed, self.counters)
+        if reason is not None:
+            return reason
         if self.pool.workers and self.pool.alive == 0:
             return "every load worker has exited"
         if self._trace_done():
@@ -403,13 +344,14 @@ class Coordinator:
     def _begin_drain(self) -> None:
         self.state = "draining"
         reason = self._stop_reason or "stop requested"
-        self._event("run", f"stopping ({reason}): in-flight requests get "
-                    f"{self.cfg.drain_grace:g} s to finish")
-        self._drain = asyncio.create_task(self.pool.stop(self.cfg.drain_grace))
+        grace = self.cfg.drain_grace if self._grace is None else min(self._grace,
+                                                                     self.cfg.drain_grace)
+        self._event("run", f"stopping ({reason}): in-flight requests get {grace:g} s to finish")
+        self._drain = asyncio.create_task(self.pool.stop(grace))
 
-    def _build(
-        self, seq: int, reports: list[wire.Report], t: float, elapsed: float, interval: float
-    ) -> Snapshot:
+    def _merge(self, reports: list[wire.Report], t: float, interval: float) -> Merged:
+        """The workers' intervals into the run's counters and one histogram a metric, and
+        what they show: outages, errors, a saturated client, a worker that died."""
         sparse: dict[str, list] = {m: [] for m in METRICS}
         lag = 0.0
         tick = Counters()
@@ -418,14 +360,13 @@ class Coordinator:
             self.counters.add(r.counters)
             self._in_flight[r.index] = r.in_flight
             self._backlog[r.index] = r.backlog
-            self._stalled[r.index] = r.stalled
+            self._stalled[r.index] = Stalled(r.stalled, r.stalled_first)
             for m, h in r.hists.items():
                 if m in sparse:
                     sparse[m].append(h.arrays())
             self._worker_cpu[r.index] = 100.0 * r.cpu_s / interval if interval > 0 else 0.0
             lag = max(lag, r.loop_lag_ms)
             self._note_errors(r)
-        self._track_error_rate(t)
         self._track_outage(t, interval, tick)
         # the last tick says every error still held back, so the events add up to the totals
         self._flush_error_events(t, everything=self.state == "stopped")
@@ -437,10 +378,15 @@ class Coordinator:
         dense = {m: hdr.dense_from_sparse(p, out=self._tick_dense.get(m))
                  for m, p in sparse.items() if p}
         self._tick_dense.update(dense)
-        hist = {m: hdr.encode(d) for m, d in dense.items()}
-        self._step_auto_ramp(elapsed, dense)
+        return Merged(dense, lag if reports else None)
+
+    def _snapshot(self, seq: int, t: float, elapsed: float, interval: float,
+                  merged: Merged) -> Snapshot:
+        """The tick as every consumer reads it; its events are all this tick raised."""
+        hist = {m: hdr.encode(d) for m, d in merged.dense.items()}
         events, self._events = self._events, []
         assert self.target is not None
+        measured = merged.lag_ms is not None  # some worker reported this tick
         cpu = [self._worker_cpu.get(i, 0.0) for i in range(self.pool.n)]
         return Snapshot(
             run_id=self.run_id,
@@ -450,7 +396,7 @@ class Coordinator:
             interval=interval,
             target=self.target,
             load=self._load_state(),
-            counters=msgspec.structs.replace(self.counters, errors=dict(self.counters.errors)),
+            counters=self._counters_now(),
             hist=hist,
             server=self._server,
             gpu=self._gpu,
@@ -458,35 +404,26 @@ class Coordinator:
             process=self._process,
             client=ClientSample(
                 workers=self.pool.alive,
-                cpu_pct=sum(cpu) if reports else None,
-                worker_cpu_pct=cpu if reports else None,
-                loop_lag_ms=lag if reports else None,
+                cpu_pct=sum(cpu) if measured else None,
+                worker_cpu_pct=cpu if measured else None,
+                loop_lag_ms=merged.lag_ms,
             ),
             events=events,
         )
 
-    def _step_auto_ramp(self, elapsed: float, dense: dict) -> None:
-        auto = self.auto
-        if auto is None or auto.settled or self.state != "running":
-            return
-        nxt = auto.observe(elapsed, dense, self.counters)
-        if nxt is None:
-            return
-        self.spec = msgspec.structs.replace(self.spec, concurrency=nxt)
-        self.pool.set_load(self.spec)
-        self._event("run", auto.describe(elapsed))
+    def _counters_now(self) -> Counters:
+        """A copy of the run's counters that later ticks cannot change: a Snapshot is a
+        value (a struct copy alone would share the errors and the per-turn rows)."""
+        c = self.counters
+        return msgspec.structs.replace(c, errors=dict(c.errors),
+                                       turns=[msgspec.structs.replace(t) for t in c.turns])
 
     def _load_state(self) -> LoadState:
-        s = self.spec
+        s = self.steer.spec
         open_loop = s.mode == "open"
         arrival = None
         if open_loop:
             arrival = f"gamma(k={s.shape:g})" if s.arrival == "gamma" else s.arrival
-        note = None
-        if self.ramp is not None and self.state == "running":
-            note = self.ramp.describe(self._elapsed)
-        elif self.auto is not None:
-            note = self.auto.describe(self._elapsed)
         return LoadState(
             mode=s.mode,
             state=self.state,
@@ -496,27 +433,25 @@ class Coordinator:
             max_in_flight=s.max_in_flight if open_loop else None,
             in_flight=sum(self._in_flight.values()),
             backlog=sum(self._backlog.values()),
-            warmup=self._load_started is None,
-            stalled=sum(self._stalled.values()),
+            warmup=self.steer.load_started is None,
+            stalled=sum(s.stalled for s in self._stalled.values()),
+            stalled_first=sum(s.stalled_first for s in self._stalled.values()),
             health=self._outages.health,
             outage_since=self._outages.outage_since,
-            note=note,
+            note=self.steer.note(running=self.state == "running"),
         )
 
     def _track_outage(self, t: float, interval: float, tick: Counters) -> None:
         """Outages, stalls and health by loadgen.model.outage's one definition (the soak
         report replays the same tracker over the recording); what it sees start or end is
         an event: outage (why, in words), recovery (with MTTR), stall."""
+        stalled = self._stalled.values()
         observed = Tick.of(t, interval, tick, in_flight=sum(self._in_flight.values()),
-                           stalled=sum(self._stalled.values()), server=self._server)
+                           stalled=sum(s.stalled for s in stalled),
+                           stalled_first=sum(s.stalled_first for s in stalled),
+                           server=self._server)
         for change in self._outages.observe(observed):
-            self._event(change.kind, change.message, level=change.level)
-
-    def _track_error_rate(self, t: float) -> None:
-        c = self.counters
-        self._recent.append((t, c.requests_ok, c.requests_failed))
-        while self._recent and self._recent[0][0] < t - ERROR_RATE_WINDOW_S:
-            self._recent.popleft()
+            self._event(change.kind, change.message, level=change.level, **change.payload())
 
     def _check_client(self, lag_ms: float | None, t: float) -> None:
         """Warn (at most once a minute) when the client itself threatens the numbers."""
@@ -533,8 +468,10 @@ class Coordinator:
 
     # ---- events --------------------------------------------------------------------------
 
-    def _event(self, kind: str, message: str, level: str = "info") -> None:
-        self._events.append(Event(t=time.time(), kind=kind, level=level, message=message))
+    def _event(self, kind: str, message: str, level: str = "info", **payload) -> None:
+        """One event of this tick; `payload`: Event's typed fields (count, error, since…)."""
+        self._events.append(Event(t=time.time(), kind=kind, level=level, message=message,
+                                  **payload))
         log.info("%s: %s", kind, message)
 
     def _note_errors(self, r: wire.Report) -> None:
@@ -550,7 +487,8 @@ class Coordinator:
                 continue
             self._last_error_event[kind] = now
             del self._pending_errors[kind]
-            self._event("error", f"{count}× {kind}: {message}", level="error")
+            self._event("error", f"{count}× {kind}: {message}", level="error", count=count,
+                        error=kind)
 
     # ---- probes --------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from loadgen.model.notice import Notice, as_line
 from loadgen.run.config import RunConfig
 from loadgen.run.secrets import Secrets
 from loadgen.run.session import Session, stop_on_signals
@@ -44,11 +45,11 @@ async def run_headless(cfg: RunConfig, secrets: Secrets | None = None, *,
                        wait: float | None = HEADLESS_WAIT_S) -> int:
     stream = out or sys.stderr
 
-    def say(line: str) -> None:
-        print(line, file=stream, flush=True)
+    def say(notice: Notice) -> None:
+        print(as_line(notice), file=stream, flush=True)
 
     if (idle := idle_load(cfg)) is not None:
-        say(f"tokentop: {idle}")
+        say(Notice("outcome", idle))
         return EXIT_UNUSABLE
     session = Session(cfg, secrets, sinks=[ProgressLines(say)], record=record,
                       json_path=json_path, say=say,

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import aiohttp
 
+from loadgen.model.notice import Notice, Say
 from loadgen.worker.tokenizer import (
     TOKENIZER_CHOICES,
     Lengths,
@@ -114,7 +114,7 @@ def _why(e: aiohttp.ClientConnectorError) -> str:
 PROBE_EVERY_S = 2.0  # while the target does not answer, how often to ask again
 
 
-async def wait_for_target(base_url: str, authorization: str | None, say: Callable[[str], None],
+async def wait_for_target(base_url: str, authorization: str | None, say: Say,
                           give_up_after: float | None, every: float = PROBE_EVERY_S) -> None:
     """Return as soon as anything answers at `base_url` (whether it is the right server is
     resolve_model's to say). While nothing does, say so once and ask again every `every` s;
@@ -133,8 +133,8 @@ async def wait_for_target(base_url: str, authorization: str | None, say: Callabl
                     raise TargetError(f"{e}; gave up after waiting {waited:.0f} s" if waiting
                                       else str(e)) from None
                 if not waiting:
-                    say(f"tokentop: waiting for {base_url} ({e.reason}); retrying every "
-                        f"{every:g} s, Ctrl-C to stop")
+                    say(Notice("waiting", f"waiting for {base_url} ({e.reason}); retrying "
+                               f"every {every:g} s"))
                     waiting = True
                 # the last try falls at the end of the wait, not an interval before it
                 await asyncio.sleep(every if left is None else min(every, left))
@@ -142,8 +142,8 @@ async def wait_for_target(base_url: str, authorization: str | None, say: Callabl
             except TargetError:
                 pass  # it answered, but not as it should: the real check says how
             if waiting:
-                say(f"tokentop: {base_url} answers after {time.monotonic() - started:.0f} s; "
-                    "starting the run")
+                say(Notice("up", f"{base_url} answers after {time.monotonic() - started:.0f} s; "
+                           "starting the run"))
             return
 
 

@@ -6,10 +6,18 @@ stdin close and stops the load by itself.
 
 Protocol, one JSON object per line:
   console → run: Start (the RunConfig, the Secrets, whether to record), then
-                 Control messages.
-  run → console: Ready (the resolved target) or Fatal (why not), then one
-                 Snapshot message per tick until the run has stopped.
+                 Control messages (a stop is honoured while the target is waited for too).
+  run → console: Waiting (the target does not answer yet: what the run says, since when,
+                 the host meanwhile; once a second), Said (anything else the run says:
+                 where it records, that the target answers), then Ready (the resolved
+                 target and the run directory) or Fatal (why not), then one Snapshot
+                 message per tick until the run has stopped, and Finished (the outcome:
+                 exit code, reason, the last line) once its summary is written.
 Secrets travel on this pipe only, never in the argv or the environment.
+
+The run speaks for itself, so the console rebuilds nothing: the wait for the target is
+the child's Session's, the run directory comes with Ready, the outcome with Finished. A
+child that dies without Finished (kill -9, a crash) is an outcome too, in words.
 
 The run is an ordinary Session (loadgen.run.session): recorded, watched,
 published with --publish, its summary written into the run directory.
@@ -21,23 +29,32 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import msgspec
 
-from loadgen.model.kinds import SourceKind
+from loadgen.model.notice import Notice
 from loadgen.model.snapshot import Control, Snapshot, Target
-from loadgen.model.source import SourceError
+from loadgen.model.source import RunOutcome, SourceError, SourceStatus, Waiting
 from loadgen.model.windows import SnapshotWindows
 from loadgen.run.config import RunConfig
 from loadgen.run.secrets import Secrets
 from loadgen.run.session import Session, SessionError
+from loadgen.run.sinks import RunHandle
 from loadgen.worker import eventloop
+from probes.host import HostProbe
 
 log = logging.getLogger("tokentop.run_process")
+
+START_SILENCE_S = 90.0  # the child says something (Waiting once a second) well within this
+WAITING_BEAT_S = 1.0  # how often a waiting run sends the host and its words again
+MAX_SAID = 100  # notices kept for status(); a run says a handful before its first tick
+HANGUP_GRACE_S = 2.0  # the console went away without a word: the drain nobody watches
 
 
 class Start(msgspec.Struct, tag="start"):
@@ -46,8 +63,17 @@ class Start(msgspec.Struct, tag="start"):
     record: bool = True
 
 
+class WaitingMsg(msgspec.Struct, tag="waiting"):
+    waiting: Waiting
+
+
+class Said(msgspec.Struct, tag="said"):
+    notice: Notice
+
+
 class Ready(msgspec.Struct, tag="ready"):
     target: Target
+    run_dir: str | None = None
 
 
 class Fatal(msgspec.Struct, tag="fatal"):
@@ -58,15 +84,17 @@ class SnapshotMsg(msgspec.Struct, tag="snapshot"):
     snapshot: Snapshot
 
 
-RunMsg = Ready | Fatal | SnapshotMsg
+class Finished(msgspec.Struct, tag="finished"):
+    outcome: RunOutcome
+
+
+RunMsg = WaitingMsg | Said | Ready | Fatal | SnapshotMsg | Finished
 _decode_msg = msgspec.json.Decoder(RunMsg).decode
 _encode = msgspec.json.Encoder().encode
 
 
 class RunProcess:
     """A SnapshotSource backed by a live run in a child process."""
-
-    kind: SourceKind = "live"
 
     def __init__(self, cfg: RunConfig, secrets: Secrets | None = None, *, record: bool = True,
                  log_path: Path | None = None):
@@ -75,10 +103,20 @@ class RunProcess:
         self.record = record
         default_log = Path(tempfile.gettempdir()) / f"tokentop-run-{os.getpid()}.log"
         self.log_path = log_path or default_log
-        target = cfg.url or "the embedded simulator"
-        self.description = f"live: {target}"
         self.proc: asyncio.subprocess.Process | None = None
         self.target: Target | None = None
+        self._description = f"live: {cfg.url or 'the embedded simulator'}"
+        self._run_dir: str | None = None
+        self._waiting: Waiting | None = None
+        self._said: list[Notice] = []
+        self._outcome: RunOutcome | None = None
+        self._snapshots: asyncio.Queue[Snapshot | SourceError | None] = asyncio.Queue()
+        self._reader: asyncio.Task | None = None
+
+    def status(self) -> SourceStatus:
+        return SourceStatus(kind="live", description=self._description, run_dir=self._run_dir,
+                            waiting=self._waiting, outcome=self._outcome,
+                            said=tuple(self._said))
 
     async def start(self) -> None:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the child
@@ -93,15 +131,20 @@ class RunProcess:
         assert self.proc.stdin is not None
         self.proc.stdin.write(_encode(Start(config=self.cfg, secrets=self.secrets,
                                             record=self.record)) + b"\n")
-        msg = await self._next_message(timeout=90.0)
-        if isinstance(msg, Fatal):
-            await self._reap()
-            raise SourceError(msg.message)
-        if not isinstance(msg, Ready):
-            await self._reap()
-            raise SourceError(f"the run did not start; see {self.log_path}")
+        while True:  # what it says while it waits for the target, until it is ready or not
+            msg = await self._next_message(timeout=START_SILENCE_S)
+            if isinstance(msg, Ready):
+                break
+            if msg is None or isinstance(msg, Fatal):
+                await self._reap()
+                raise SourceError(msg.message if msg is not None else
+                                  f"the run did not start; see {self.log_path}")
+            self._took(msg)
         self.target = msg.target
-        self.description = f"live: {msg.target.url}"
+        self._run_dir = msg.run_dir
+        self._waiting = None
+        self._description = f"live: {msg.target.url}"
+        self._reader = asyncio.create_task(self._read())
 
     async def _next_message(self, timeout: float | None = None) -> RunMsg | None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -114,12 +157,52 @@ class RunProcess:
             return None
         return _decode_msg(line)
 
+    def _took(self, msg: RunMsg) -> None:
+        """A message that is not a Snapshot: the run's state as status() tells it."""
+        if isinstance(msg, WaitingMsg):
+            self._waiting = msg.waiting
+        elif isinstance(msg, Said):
+            if msg.notice.kind == "up":
+                self._waiting = None
+            if len(self._said) < MAX_SAID:
+                self._said.append(msg.notice)
+        elif isinstance(msg, Finished):
+            self._outcome = msg.outcome
+
+    async def _read(self) -> None:
+        """Every message until the child's stdout closes; one reader, so a close() while
+        the console still iterates cannot race it. A child gone without Finished died."""
+        try:
+            while (msg := await self._next_message()) is not None:
+                if isinstance(msg, SnapshotMsg):
+                    self._snapshots.put_nowait(msg.snapshot)
+                elif isinstance(msg, Fatal):
+                    self._snapshots.put_nowait(SourceError(msg.message))
+                else:
+                    self._took(msg)
+        except (msgspec.DecodeError, ValueError) as e:  # a torn line: the child is dying
+            log.warning("the run process sent a bad line: %s", e)
+        if self._outcome is None:
+            self._outcome = await self._died()
+        self._snapshots.put_nowait(None)
+
+    async def _died(self) -> RunOutcome:
+        """The outcome of a child that ended without a word: how it ended, in words."""
+        assert self.proc is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5.0):
+                await self.proc.wait()
+        how = _how_it_ended(self.proc.returncode)
+        where = f"; its recording in {self._run_dir} is interrupted" if self._run_dir else ""
+        reason = f"the run process died ({how}) before it finished the run{where}"
+        return RunOutcome(code=1, reason=reason, line=reason, run_dir=self._run_dir,
+                          ending="died")
+
     async def snapshots(self) -> AsyncIterator[Snapshot]:
-        while (msg := await self._next_message()) is not None:
-            if isinstance(msg, SnapshotMsg):
-                yield msg.snapshot
-            elif isinstance(msg, Fatal):
-                raise SourceError(msg.message)
+        while (item := await self._snapshots.get()) is not None:
+            if isinstance(item, SourceError):
+                raise item
+            yield item
 
     async def control(self, msg: Control) -> None:
         proc = self.proc
@@ -130,7 +213,8 @@ class RunProcess:
             await proc.stdin.drain()
 
     async def close(self) -> None:
-        """Ask for a clean stop, wait for the drain, and make sure the child is gone."""
+        """Ask for a clean stop, wait for the drain and the outcome, and make sure the child
+        is gone."""
         await self.control(Control(op="stop", source="key"))
         await self._reap(wait=self.cfg.drain_grace + 10.0)
 
@@ -138,19 +222,30 @@ class RunProcess:
         proc = self.proc
         if proc is None:
             return
-        if proc.stdin is not None and not proc.stdin.is_closing():
-            proc.stdin.close()
-        # keep its stdout flowing so a full pipe cannot block its exit
-        drain = asyncio.create_task(_discard(proc.stdout))
+        if self._reader is None:  # not started: keep its stdout flowing so it can exit
+            self._reader = asyncio.create_task(_discard(proc.stdout))
         try:
             async with asyncio.timeout(wait):
-                await proc.wait()
+                await asyncio.shield(self._reader)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            await proc.wait()
-        drain.cancel()
+        if proc.stdin is not None and not proc.stdin.is_closing():
+            proc.stdin.close()
+        await proc.wait()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._reader
         self._log.close()
+
+
+def _how_it_ended(returncode: int | None) -> str:
+    if returncode is None:
+        return "it no longer answers"
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-returncode).name}"
+        return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
 
 
 async def _discard(stream: asyncio.StreamReader | None) -> None:
@@ -162,6 +257,9 @@ async def _discard(stream: asyncio.StreamReader | None) -> None:
 
 
 # ---- the child side ---------------------------------------------------------------------
+
+
+Send = Callable[[msgspec.Struct], None]
 
 
 async def _child() -> int:
@@ -179,15 +277,22 @@ async def _child() -> int:
     except msgspec.DecodeError as e:
         send(Fatal(f"bad run configuration: {e}"))
         return 2
-    session = Session(start.config, start.secrets, sinks=[ToConsole(send)], record=start.record)
+    say = ToConsoleSay(send)
+    # the console waits for its --url as long as it takes unless --wait says otherwise
+    session = Session(start.config, start.secrets, sinks=[ToConsole(send)],
+                      record=start.record, say=say, wait=start.config.wait)
+    controls = asyncio.create_task(_read_controls(reader, session))
     try:
         await session.start()
     except SessionError as e:
         send(Fatal(str(e)))
+        controls.cancel()
         return 2
+    finally:
+        say.stop_waiting()
     assert session.coord is not None and session.coord.target is not None
-    send(Ready(session.coord.target))
-    controls = asyncio.create_task(_read_controls(reader, session))
+    run_dir = session.recording.run_dir if session.recording is not None else None
+    send(Ready(session.coord.target, str(run_dir) if run_dir is not None else None))
     try:
         async for _ in session.snapshots():
             pass
@@ -196,17 +301,50 @@ async def _child() -> int:
     finally:
         controls.cancel()
         outcome = await session.finish()
+        with contextlib.suppress(BrokenPipeError):
+            send(Finished(outcome.said()))
     log.info("%s", outcome.reason)
     return 0
+
+
+class ToConsoleSay:
+    """The child Session's `say`: every notice to the console; while the target is waited
+    for, the waiting words and a host sample once a second (the host panel is live)."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self._beat: asyncio.Task | None = None
+
+    def __call__(self, notice: Notice) -> None:
+        log.info("%s: %s", notice.kind, notice.text)
+        if notice.kind == "waiting":
+            self.stop_waiting()
+            self._beat = asyncio.create_task(self._waiting(notice.text, time.time()))
+            return
+        self.stop_waiting()
+        with contextlib.suppress(BrokenPipeError):
+            self.send(Said(notice))
+
+    def stop_waiting(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat = None
+
+    async def _waiting(self, text: str, since: float) -> None:
+        probe = HostProbe()
+        with contextlib.suppress(BrokenPipeError):
+            while True:
+                self.send(WaitingMsg(Waiting(text=text, since=since, host=probe.sample())))
+                await asyncio.sleep(WAITING_BEAT_S)
 
 
 class ToConsole:
     """The sink that is the console: every Snapshot down the pipe."""
 
-    def __init__(self, send) -> None:
+    def __init__(self, send: Send) -> None:
         self.send = send
 
-    async def start(self, session: Session) -> None:
+    async def start(self, run: RunHandle) -> None:
         pass
 
     def take(self, snap: Snapshot, windows: SnapshotWindows) -> None:
@@ -222,12 +360,16 @@ class ToConsole:
 async def _read_controls(reader: asyncio.StreamReader, session: Session) -> None:
     while line := await reader.readline():
         try:
-            await session.control(msgspec.json.decode(line, type=Control))
+            msg = msgspec.json.decode(line, type=Control)
         except msgspec.DecodeError as e:
             log.warning("ignored a bad control line: %s", e)
+            continue
+        if msg.op == "stop":  # also before the run has started: it ends a wait for the target
+            session.request_stop("stopped by the operator")
+        else:
+            await session.control(msg)
     # stdin closed: the console went away without a word; stop now, nobody is watching
-    session.cfg.drain_grace = min(session.cfg.drain_grace, 2.0)
-    session.request_stop()
+    session.request_stop("the console went away", grace=HANGUP_GRACE_S)
 
 
 def main() -> int:

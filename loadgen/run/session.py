@@ -8,6 +8,9 @@ the exit code are wired once and agree everywhere:
     session = Session(cfg, secrets, sinks=[ProgressLines(say)], say=say)
     code = await session.run()                 # start, every tick, finish
 
+`say` takes a Notice (loadgen.model.notice): what the run says, typed by kind, so each
+front end prints, indents, thins or forwards it without reading its wording.
+
 or, to steer the run while it goes (sweep, calibrate):
 
     await session.start()
@@ -22,6 +25,9 @@ stops the load and makes the exit code 4); then every sink sees it.
 
 Before the load, a --url that does not answer yet may be waited for (`wait`: the front
 end says how long), and a stop asked meanwhile ends the wait.
+
+Sinks see a RunHandle (loadgen.run.sinks), not the Session: the run's id, its control,
+its load now and the MQTT link's state.
 """
 
 from __future__ import annotations
@@ -30,15 +36,17 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 
 from loadgen.fleet.remote import LoadNow
+from loadgen.model.notice import Notice, Say
 from loadgen.model.slo import Slos, parse_slos
 from loadgen.model.snapshot import Control, Snapshot, SnapshotVersionError
+from loadgen.model.source import RunOutcome
 from loadgen.model.windows import SnapshotWindows
 from loadgen.record.recorder import Recording, RecordingError
 from loadgen.record.rundir import iter_snapshots, scrub
@@ -47,7 +55,7 @@ from loadgen.run.coordinator import Coordinator
 from loadgen.run.preflight import TargetError, check_url, wait_for_target
 from loadgen.run.resume import resumed
 from loadgen.run.secrets import Secrets
-from loadgen.run.sinks import Publish, Sink, SinkError
+from loadgen.run.sinks import Publish, RunHandle, Sink, SinkError
 from loadgen.run.summary import (
     EXIT_UNUSABLE,
     build_summary,
@@ -58,8 +66,6 @@ from loadgen.run.summary import (
 from loadgen.run.watch import Watch
 
 log = logging.getLogger("tokentop.session")
-
-Say = Callable[[str], None]
 
 
 class SessionError(Exception):
@@ -72,9 +78,14 @@ class Outcome:
     reason: str
     summary: dict = field(default_factory=dict)
 
+    def said(self) -> RunOutcome:
+        """The end in words, as it travels (the console's pipe) and is shown."""
+        return RunOutcome(code=self.code, reason=self.reason, line=final_line(self.summary),
+                          run_dir=self.summary.get("run_dir"))
 
-def _log_say(message: str) -> None:
-    log.info("%s", message)
+
+def _log_say(notice: Notice) -> None:
+    log.info("%s: %s", notice.kind, notice.text)
 
 
 class Session:
@@ -137,7 +148,7 @@ class Session:
             raise SessionError(str(e)) from None
         if self.recording.run_dir is not None:
             verb = "resuming" if self.cfg.resume else "recording to"
-            self.say(f"tokentop: {verb} {self.recording.run_dir}")
+            self.say(Notice("recording", f"{verb} {self.recording.run_dir}"))
         self.watch = Watch(self.coord.parsed.slos)
         try:
             await self._start_sinks()
@@ -173,8 +184,10 @@ class Session:
         if self.cfg.resume:
             self.cfg, resume = resumed(self.cfg)
             # the summary covers the whole run: what was recorded before the gap first
-            for old in iter_snapshots(self.cfg.resume,
-                                      warn=lambda m: self.say(f"tokentop: warning: {m}")):
+            def warn(message: str) -> None:
+                self.say(Notice("warning", f"warning: {message}"))
+
+            for old in iter_snapshots(self.cfg.resume, warn=warn):
                 self.windows.add(old)
         cfg = self.cfg
         if cfg.publish is not None:  # its settings are checked before anything is created
@@ -187,8 +200,10 @@ class Session:
             resume=cfg.resume, on_disk_full=cfg.on_disk_full, record=self.record)
 
     async def _start_sinks(self) -> None:
+        handle = RunHandle(run_id=self.run_id, control=self.control, load_now=self.load_now,
+                           mqtt_status=self.publish.status_text if self.publish else None)
         for sink in self.sinks:
-            await sink.start(self)
+            await sink.start(handle)
             self._started_sinks.append(sink)
 
     # ---- the loop ------------------------------------------------------------------------
@@ -212,16 +227,17 @@ class Session:
         if self.coord is not None:
             await self.coord.control(msg)
 
-    def request_stop(self, reason: str | None = None) -> None:
+    def request_stop(self, reason: str | None = None, *, grace: float | None = None) -> None:
+        """Stop in order: in-flight requests get --drain-grace to finish, or `grace` s when
+        given (the user's setting stays as recorded: this stop's is its own)."""
         self._stop_asked.set()
         if self.coord is not None:
-            self.coord.request_stop(reason)
+            self.coord.request_stop(reason, grace=grace)
 
     def abort(self, reason: str) -> None:
         """Stop now: requests in flight are cancelled instead of drained (and counted as
         cancelled); the summary and the recording are still written by finish()."""
-        self.cfg.drain_grace = 0.0  # a drain that has not begun yet begins with no grace
-        self.request_stop(reason)
+        self.request_stop(reason, grace=0.0)
         if self.coord is not None:
             self.coord.cut_drain_short()
 
@@ -252,12 +268,12 @@ class Session:
         summary["exit"] = {"code": code, "reason": reason}
         close_error = self.recording.close(summary)
         if close_error:
-            self.say(f"tokentop: {close_error}")
+            self.say(Notice("warning", close_error))
         if self.json_path is not None:
             try:
                 write_json(self.json_path, summary)
             except OSError as e:
-                self.say(f"tokentop: cannot write {self.json_path}: {e.strerror or e}")
+                self.say(Notice("warning", f"cannot write {self.json_path}: {e.strerror or e}"))
                 code = code or 1
         await self._close_sinks()
         self._finished = Outcome(code, reason, summary)
@@ -280,14 +296,14 @@ class Session:
         try:
             await self.start()
         except SessionError as e:
-            self.say(f"tokentop: {e}")
+            self.say(Notice("outcome", str(e)))
             return EXIT_UNUSABLE
         try:
             async for _ in self.snapshots():
                 pass
         finally:
             outcome = await self.finish()
-        self.say(f"tokentop: {final_line(outcome.summary)}")
+        self.say(Notice("outcome", outcome.said().line))
         return outcome.code
 
 
@@ -330,14 +346,14 @@ def stop_on_signals(session: Session, say: Say) -> None:
         nonlocal signals
         signals += 1
         if signals == 1 and (session.coord is None or session.coord.state == "starting"):
-            say("tokentop: stopping before the run has started")
+            say(Notice("stopping", "stopping before the run has started"))
             session.request_stop("stopped by a signal")
         elif signals == 1:
-            say(f"tokentop: stopping, letting in-flight requests finish (up to "
-                f"{session.cfg.drain_grace:g} s); Ctrl-C again to stop now")
+            say(Notice("stopping", f"stopping, letting in-flight requests finish (up to "
+                       f"{session.cfg.drain_grace:g} s); Ctrl-C again to stop now"))
             session.request_stop("stopped by a signal")
         elif signals == 2:
-            say("tokentop: stopping now, cancelling the requests in flight")
+            say(Notice("stopping", "stopping now, cancelling the requests in flight"))
             session.abort("stopped by a second signal")
 
     for sig in (signal.SIGINT, signal.SIGTERM):

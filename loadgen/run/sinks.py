@@ -1,32 +1,39 @@
 """Where a session's Snapshots go besides the recording: progress lines and MQTT.
 
-A sink is told when the run has started, sees every Snapshot (after the watch
-and the recorder, so it sees the same events they do), may add its own part
-to the summary, and is closed last. The console's pipe is a sink too
-(loadgen.run.run_process).
+A sink is told when the run has started (with a RunHandle: what it may know of the run
+and ask of it, not the whole Session), sees every Snapshot (after the watch and the
+recorder, so it sees the same events they do), may add its own part to the summary,
+and is closed last. The console's pipe is a sink too (loadgen.run.run_process).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 from loadgen.fleet.link import PASSWORD_ENV, BrokerError, BrokerSettings, parse_broker_url
 from loadgen.fleet.publisher import SnapshotPublisher
-from loadgen.fleet.remote import RemoteCaps, RemoteControl
-from loadgen.model.snapshot import Snapshot
+from loadgen.fleet.remote import LoadNow, RemoteCaps, RemoteControl
+from loadgen.model.notice import Notice, Say
+from loadgen.model.snapshot import Control, Snapshot
 from loadgen.model.windows import SnapshotWindows
 from loadgen.run.config import PublishTo
 from loadgen.run.summary import progress_line
 
-if TYPE_CHECKING:
-    from loadgen.run.session import Session
 
-Say = Callable[[str], None]
+@dataclass(frozen=True)
+class RunHandle:
+    """What a sink may know of the run it serves, and ask of it."""
+
+    run_id: str
+    control: Callable[[Control], Awaitable[None]]  # steer the load (remote control)
+    load_now: Callable[[], LoadNow]  # the load as it is set now (remote control's limits)
+    mqtt_status: Callable[[], str] | None = None  # the MQTT link, for the progress line
 
 
 class Sink(Protocol):
-    async def start(self, session: Session) -> None:
+    async def start(self, run: RunHandle) -> None:
         """The target answered and the load is starting; raise SinkError to refuse."""
 
     def take(self, snap: Snapshot, windows: SnapshotWindows) -> None:
@@ -49,33 +56,33 @@ PRINTED_INFO = ("recovery", "stall", "slo", "gpu")
 
 
 class ProgressLines:
-    """A line a second on stderr (and every warning or error event as it happens, with the
-    recoveries that end them). While the target is not up (loadgen.model.outage) the line
-    says so at its end: how long the outage has lasted, or that it is degraded, and how many
-    streams are stalled."""
+    """A progress line every `every` seconds of the run (and every warning or error event
+    as it happens, with the recoveries that end them). While the target is not up
+    (loadgen.model.outage) the line says so at its end: how long the outage has lasted, or
+    that it is degraded, and how many streams are stalled."""
 
-    def __init__(self, say: Say) -> None:
+    def __init__(self, say: Say, every: float = 1.0) -> None:
         self.say = say
+        self.every = every
         self.suffix: Callable[[], str] | None = None
-        self._last_second = -1
+        self._last_period = -1
 
-    async def start(self, session: Session) -> None:
-        if session.publish is not None:  # an agent's line says how MQTT is doing
-            self.suffix = session.publish.status_text
+    async def start(self, run: RunHandle) -> None:
+        self.suffix = run.mqtt_status  # an agent's line says how MQTT is doing
 
     def take(self, snap: Snapshot, windows: SnapshotWindows) -> None:
         for ev in snap.events:
             if ev.level != "info":
-                self.say(f"tokentop: {ev.level}: {ev.message}")
+                self.say(Notice("event", f"{ev.level}: {ev.message}"))
             elif ev.kind in PRINTED_INFO:
-                self.say(f"tokentop: {ev.message}")
-        # the second the line shows (rounded): int() would print the ticks at 0.5 s and 1 s
-        # both as "[1s]"
-        shown = round(snap.elapsed)
-        if shown > self._last_second or snap.load.state == "stopped":
-            self._last_second = shown
+                self.say(Notice("event", ev.message))
+        # the period the line falls in (rounded): int() would print the ticks at 0.5 s and
+        # 1 s both as "[1s]"
+        period = round(snap.elapsed / self.every)
+        if period > self._last_period or snap.load.state == "stopped":
+            self._last_period = period
             line = progress_line(snap, windows.stats("10s")) + health_text(snap)
-            self.say(f"{line} | {self.suffix()}" if self.suffix else line)
+            self.say(Notice("progress", f"{line} | {self.suffix()}" if self.suffix else line))
 
     def finish(self, summary: dict) -> None:
         pass
@@ -119,18 +126,17 @@ class Publish:
             raise SinkError(str(e)) from None
         self.publisher: SnapshotPublisher | None = None
 
-    async def start(self, session: Session) -> None:
+    async def start(self, run: RunHandle) -> None:
         p = self.p
         caps = RemoteCaps(p.max_concurrency, p.max_rate) if p.remote_control else None
-        remote = RemoteControl(agent=p.name, caps=caps, apply=session.control,
-                               load=session.load_now)
+        remote = RemoteControl(agent=p.name, caps=caps, apply=run.control, load=run.load_now)
         try:
             self.publisher = SnapshotPublisher(
                 self.settings, fleet=p.fleet, agent=p.name, backlog=p.backlog,
                 remote_control=p.remote_control,
                 max_concurrency=p.max_concurrency if p.remote_control else None,
                 on_control=remote.handle, max_backoff=p.max_backoff,
-                on_state=self._on_state, run_id=session.run_id,
+                on_state=self._on_state, run_id=run.run_id,
             )
         except BrokerError as e:
             raise SinkError(str(e)) from None
@@ -148,8 +154,8 @@ class Publish:
 
     def _on_state(self, state: str, _error: str | None) -> None:
         if state == "connected":
-            self.say(f"tokentop: publishing to {self.settings.display} as "
-                     f"{self.p.fleet}/{self.p.name}")
+            self.say(Notice("publish", f"publishing to {self.settings.display} as "
+                            f"{self.p.fleet}/{self.p.name}"))
 
     def take(self, snap: Snapshot, windows: SnapshotWindows) -> None:
         if self.publisher is not None:

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 
 from loadgen.model.slo import Slos
 from loadgen.model.snapshot import Control, Efficiency, Event, Snapshot
-from loadgen.model.source import SnapshotSource
+from loadgen.model.source import SnapshotSource, SourceStatus
 from loadgen.model.windows import SnapshotWindows
 from probes.throttle import BENIGN_REASONS
 
@@ -125,13 +125,8 @@ class WatchedSource:
         self.watch = Watch(slos)
         self._windows = SnapshotWindows()
 
-    @property
-    def description(self) -> str:
-        return self.source.description
-
-    @property
-    def kind(self) -> str:
-        return getattr(self.source, "kind", "live")
+    def status(self) -> SourceStatus:
+        return self.source.status()
 
     async def start(self) -> None:
         await self.source.start()

@@ -14,9 +14,9 @@ its own as `connect`; a kept-alive connection reused costs nothing and records
 nothing. A kept-alive connection the server had closed is retried once on a
 fresh one, and the request keeps its first clock (its user waited for both).
 
-Streams in flight that have received no byte for STALL_AFTER_S are `stalled()`:
-a frozen server (SIGSTOP, a hung engine) keeps its sockets open and sends
-nothing, which no error would ever show.
+Streams in flight that look frozen are `stalled()` (loadgen.worker.envelope): a frozen
+server (SIGSTOP, a hung engine) keeps its sockets open and sends nothing, which no error
+would ever show.
 
 The clock, the limit, the cancel and timeout endings and `stalled()` are the request
 envelope's (loadgen.worker.envelope), the same for `--client openai`; this module keeps

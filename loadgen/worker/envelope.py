@@ -28,7 +28,7 @@ from collections.abc import Callable
 from time import perf_counter, time_ns
 from typing import Generic, TypeVar
 
-from loadgen.model.outage import STALL_AFTER_S
+from loadgen.model.outage import FIRST_TOKEN_STALL_FACTOR, STALL_AFTER_S, Stalled
 from loadgen.model.slo import Slo
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.sse import Chunk
@@ -57,6 +57,7 @@ class RequestEnvelope(Generic[P]):
         self.chunk_tokens = chunk_tokens
         self.in_flight = 0
         self._live: set[StreamMeasure] = set()  # the streams in flight, for stalled()
+        self.slowest_ttft = 0.0  # seconds: the longest first-token wait seen (0: none yet)
 
     async def request(
         self,
@@ -104,14 +105,27 @@ class RequestEnvelope(Generic[P]):
         finally:
             self.in_flight -= 1
             self._live.discard(measure)
+            if measure.started:
+                self.slowest_ttft = max(self.slowest_ttft, measure.first - measure.t0)
             # however it ended, what it had measured counts (finish() has done it already;
             # end() is idempotent)
             measure.end()
 
-    def stalled(self, now: float) -> int:
-        """Streams in flight with no byte for STALL_AFTER_S (one still waiting for its
-        connection counts from its start)."""
-        return sum(1 for m in self._live if now - m.seen >= STALL_AFTER_S)
+    def stalled(self, now: float) -> Stalled:
+        """Streams in flight that look frozen (loadgen.model.outage): one that had started
+        streaming and has received nothing for STALL_AFTER_S; one still waiting for its first
+        token only past FIRST_TOKEN_STALL_FACTOR × the slowest first token seen (and
+        STALL_AFTER_S): a long prefill or a queue at a busy server is waiting, not a stall,
+        and with no first token seen yet nothing says how long one takes."""
+        mid = first = 0
+        for m in self._live:
+            if m.started:
+                self.slowest_ttft = max(self.slowest_ttft, m.first - m.t0)
+                mid += now - m.seen >= STALL_AFTER_S
+        if self.slowest_ttft > 0:
+            patience = max(STALL_AFTER_S, FIRST_TOKEN_STALL_FACTOR * self.slowest_ttft)
+            first = sum(1 for m in self._live if not m.started and now - m.t0 >= patience)
+        return Stalled(stalled=mid + first, stalled_first=first)
 
     def _prepare(self, body: bytes) -> P:
         """The body as the transport sends it (built before the clock starts)."""

@@ -214,7 +214,7 @@ class Worker:
             last_errors=errors,
             loop_lag_ms=self.lag.take_ms(),
             cpu_s=cpu_s,
-            stalled=self.client.stalled(time.perf_counter()),
+            **self.client.stalled(time.perf_counter())._asdict(),
         )
 
 

@@ -79,7 +79,7 @@ class StreamMeasure:
     when it judges the stream broken or abandons it.
 
     `seen` is the perf_counter time of the last bytes or chunk received (t0 before any):
-    the client counts a stream whose `seen` is older than STALL_AFTER_S as stalled.
+    the client judges a stall by it (loadgen.worker.envelope.RequestEnvelope.stalled).
     """
 
     __slots__ = (

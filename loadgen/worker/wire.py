@@ -96,8 +96,10 @@ class Report(msgspec.Struct, tag="report", kw_only=True):
     last_errors: dict[str, str]
     loop_lag_ms: float
     cpu_s: float  # process CPU seconds since the previous report
-    # streams in flight that have received no byte for STALL_AFTER_S (loadgen.model.outage)
+    # streams in flight that look frozen, and of those the ones still waiting for their first
+    # token (loadgen.model.outage, LoadState.stalled)
     stalled: int = 0
+    stalled_first: int = 0
 
 
 class Stopped(msgspec.Struct, tag="stopped"):

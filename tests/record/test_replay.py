@@ -141,7 +141,7 @@ async def test_seeks_add_up_while_one_is_under_way(tmp_path):
         await src.control(Control(op="seek_by", value=30.0))
     # paused, the seek still shows where it went: the first Snapshot at 1 + 90 s
     await until(lambda: src.position == 91.0, "three seeks of 30 s from 1 s")
-    assert got[-1].elapsed == 91.0 and not src.status().at_end
+    assert got[-1].elapsed == 91.0 and not src.status().replay.at_end
     await src.control(Control(op="seek_by", value=-30.0))
     await src.control(Control(op="seek_by", value=-1000.0))  # held at the start
     await until(lambda: src.position == 1.0, "back to the start")
@@ -154,15 +154,15 @@ async def test_held_at_the_end_a_seek_goes_back(tmp_path):
     src = ReplaySource(tmp_path / "run", speed=0, hold=True)
     got: list[Snapshot] = []
     task = await playing(src, got)
-    await until(lambda: src.status().at_end, "the end of the recording")
-    assert src.status().length == 20.0 and len(got) == 20
+    await until(lambda: src.status().replay.at_end, "the end of the recording")
+    assert src.status().replay.length == 20.0 and len(got) == 20
     assert any("end of the recording" in e.message for e in got[-1].events)
     assert not task.done()  # held: still there for a seek
     await src.control(Control(op="pause"))
     await src.control(Control(op="seek_by", value=-5.0))
     await until(lambda: src.position == 15.0, "5 s back from the end")
     await src.control(Control(op="seek_by", value=100.0))  # held at the end
-    await until(lambda: src.status().at_end, "the end again")
+    await until(lambda: src.status().replay.at_end, "the end again")
     assert src.position == 20.0
     await src.control(Control(op="stop"))
     await asyncio.wait_for(task, 2)

@@ -21,8 +21,9 @@ from textual import events
 from textual.pilot import Pilot
 from textual.widgets._footer import FooterKey
 
-from loadgen.record.replay import ReplaySource, replay_of
+from loadgen.record.replay import ReplaySource
 from loadgen.record.rundir import last_snapshot
+from loadgen.run.watch import WatchedSource
 from tui.app import TokentopApp
 from tui.commands.replay import replay_source
 
@@ -66,8 +67,8 @@ def console(run_dir: Path, speed: float) -> tuple[TokentopApp, ReplaySource]:
     """The console as `tokentop replay DIR --speed S` builds it."""
     source, slo = replay_source(run_dir, speed=speed)
     app = TokentopApp(source, refresh=0.05, slo=slo)
-    replay = replay_of(source)
-    assert replay is not None
+    replay = source.source if isinstance(source, WatchedSource) else source
+    assert isinstance(replay, ReplaySource)
     return app, replay
 
 
@@ -102,7 +103,7 @@ def drawn_at(app: TokentopApp, elapsed: float) -> bool:
 
 async def at_the_end_paused(pilot: Pilot, app: TokentopApp, replay: ReplaySource,
                             length: float) -> None:
-    await until(pilot, lambda: replay.status().at_end and drawn_at(app, length),
+    await until(pilot, lambda: replay.status().replay.at_end and drawn_at(app, length),
                 "the replay reached the end")
     await pilot.press("p")
     await until(pilot, lambda: replay.paused, "p paused the replay")
@@ -156,7 +157,7 @@ async def test_at_the_end_left_seeks_back_and_right_says_so(run_dir, length):
         await pilot.press("right")
         await until(pilot, lambda: any("at the end" in n.message for n in app._notifications),
                     "→ at the end says so")
-        assert replay.status().at_end and drawn_at(app, length)
+        assert replay.status().replay.at_end and drawn_at(app, length)
         await pilot.press("left")
         await until(pilot, lambda: drawn_at(app, length - 30), "← landed 30 s back")
         assert app.windows.last.seq < last_seq and "end" not in header(app).split("●")[0]
@@ -179,6 +180,7 @@ async def test_q_quits_a_replay_at_once_and_the_palette_has_no_load_commands(run
         await until(pilot, lambda: app.windows.last is not None, "a snapshot")
         assert app.windows.last.load.state == "running"
         titles = {c.title for c in app.get_system_commands(app.screen)}
-        assert "Pause / resume the replay" in titles and "Switch loop mode" not in titles
+        assert "Replay: pause / resume the replay" in titles
+        assert "Switch closed loop / open loop" not in titles
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, "the console exits on one q")

@@ -100,3 +100,16 @@ async def test_sharegpt_conversations_with_their_own_turns_and_reply_lengths(tmp
         # exactly the file's reply lengths, and its text is what goes back)
         assert rows[n]["input_per_request"] == sum(humans[:n]) + sum(replies[:n - 1])
     assert metrics["vllm:generation_tokens_total"] == 2 * sum(replies)
+
+
+@pytest.mark.parametrize("warmup", ["0", "1"])
+async def test_per_turn_rows_cover_the_runs_window_as_every_other_count(tmp_path, warmup):
+    """Each Snapshot's per-turn rows are its own (a Snapshot is a value): the summary's rows
+    add up to the requests the summary counts, without the warm-up and without the drain."""
+    async with running_sim() as sim:
+        summary, _ = await _conversations(sim, tmp_path, "--concurrency=2", "--duration=3",
+                                          f"--warmup={warmup}")
+    rows = summary.get("turns")
+    assert rows, "the turns section is missing"
+    ok = summary["requests"]["ok"]
+    assert ok > 0 and sum(r["requests"] for r in rows) == ok, (rows, ok)

@@ -182,4 +182,6 @@ async def test_q_while_the_console_waits_quits_at_once(unused_tcp_port, monkeypa
         while app.is_running:
             assert time.monotonic() < deadline, "still running after q"
             await pilot.pause(0.05)
-    assert app.source.proc is None  # the run process never started
+    # the run process did the waiting (the console has no wait of its own); q stopped it
+    assert app.source.proc is not None and app.source.proc.returncode is not None
+    assert app.error == f"stopped while waiting for {cfg.url}", app.error

@@ -100,7 +100,8 @@ async def test_the_simulator_is_described_on_screen() -> None:
     snaps = make_snapshots(3)
     for s in snaps:
         s.target.simulated = True
-    app = TokentopApp(ScriptedSource(snaps, hold=True), refresh=0.05, target_note=note)
+        s.target.about = note  # the run says what its simulator is, in every Snapshot
+    app = TokentopApp(ScriptedSource(snaps, hold=True), refresh=0.05)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_drawn(pilot, app, 2)
         assert note in app.query_one("#gpu").plain

@@ -7,7 +7,7 @@ import msgspec
 from scripted_source import make_snapshot
 from textual.content import Content
 
-from loadgen.record.replay import ReplayStatus
+from loadgen.model.source import ReplayStatus
 from tui.widgets.header_bar import header_markup
 
 

@@ -244,13 +244,14 @@ async def test_s_saves_a_screenshot_and_the_snapshot(tmp_path: Path) -> None:
 
 
 async def test_s_saves_into_the_run_directory_not_the_current_one(tmp_path: Path) -> None:
-    runs = tmp_path / "runs"
-    app = TokentopApp(held(3), refresh=0.05, run_dir=lambda run_id: runs / run_id)
+    run_dir = tmp_path / "runs" / "the-run"
+    source = held(3)
+    source.run_dir = str(run_dir)  # where the source says its run records
+    app = TokentopApp(source, refresh=0.05)
     async with app.run_test(size=SIZE) as pilot:
         await wait_drawn(pilot, app, 2)
         await pilot.press("s")
         await wait_until(pilot, lambda: len(app.saved) == 2)
-    run_dir = runs / app.windows.last.run_id
     assert [p.parent for p in app.saved] == [run_dir, run_dir]
     assert all(p.exists() for p in app.saved)
 
@@ -351,3 +352,26 @@ def test_slo_cells_are_coloured_against_their_limits() -> None:
     assert "$error" in cell({"p99": 389_000}, "ttft", "p99", slos)
     assert "$success" in cell({"p99": 19_700}, "tpot", "p99", slos)
     assert "$" not in cell({"p50": 10_000}, "tpot", "p50", slos)
+
+
+async def palette(app: TokentopApp, pilot) -> dict:
+    await wait_drawn(pilot, app, 1)
+    return {c.help: c for c in app.get_system_commands(app.screen)}
+
+
+async def test_the_palette_is_made_from_the_key_bindings() -> None:
+    """One list of keys: every binding that is on has its palette command, and running it
+    does what the key does (here `t`, the next theme); a replay's palette has its keys."""
+    app = TokentopApp(held(2), refresh=0.05)
+    async with app.run_test(size=SIZE) as pilot:
+        commands = await palette(app, pilot)
+        assert "key m" in commands and "key 1" not in commands
+        before = app.theme
+        app.call_later(commands["key t"].callback)  # as the palette runs a command
+        await wait_until(pilot, lambda: app.theme != before)
+    source = held(2)
+    source.kind = "replay"
+    replay = TokentopApp(source, refresh=0.05)
+    async with replay.run_test(size=SIZE) as pilot:
+        commands = await palette(replay, pilot)
+        assert "key 1" in commands and "key m" not in commands

@@ -10,11 +10,7 @@ The run itself is a RunConfig plus its Secrets; the two functions that start one
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
-import json
 import socket
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,8 +28,7 @@ from tui.commands.args import (
 )
 
 if TYPE_CHECKING:
-    from loadgen.run.config import PublishTo, RunConfig
-    from loadgen.sim.model import SimConfig
+    from loadgen.run.config import PublishTo
     from tui.app import TokentopApp
 
 
@@ -115,79 +110,22 @@ def _console(args: argparse.Namespace) -> int:
     if args.broker:
         cfg.publish, password = _publish_to(args)
     source = RunProcess(cfg, secrets_from(args, mqtt_password=password), record=args.record)
-    app = TokentopApp(source, theme=args.theme, refresh=args.refresh, slo=args.slo,
-                      run_dir=partial(find_run_dir, cfg.out, args.record),
-                      target_note=sim_note(cfg))
+    app = TokentopApp(source, theme=args.theme, refresh=args.refresh, slo=args.slo)
     app.run()
     # the alternate screen is gone with the app: what the run did and where it lies must
     # stay in the terminal (at 80x24 the events panel cuts the path)
-    for line in farewell(cfg, app):
+    for line in farewell(app):
         print(line)
     return app.return_code or 0
 
 
-def find_run_dir(out: str | None, record: bool, run_id: str) -> Path | None:
-    """The run directory of `run_id`: --out, else the one default_run_dir made for it."""
-    if not record:
-        return None
-    if out:
-        return Path(out)
-    from loadgen.record.rundir import data_home
-
-    found = sorted((data_home() / "tokentop" / "runs").glob(f"*-{run_id}"))
-    return found[-1] if found else None
-
-
-def farewell(cfg: RunConfig, app: TokentopApp) -> list[str]:
-    """The run's one-line summary (the line a headless run ends with) and its directory."""
-    if app.windows.last is None:
+def farewell(app: TokentopApp) -> list[str]:
+    """The run's outcome as the run said it (the line a headless run ends with, or how its
+    process died) and its directory; else why it never started."""
+    outcome = app.source.status().outcome
+    if outcome is None:
         return [f"tokentop: {app.error}"] if app.error else []
-    lines = [f"tokentop: {exit_reason(cfg, app)}"]
-    run_dir = app.run_dir
-    if run_dir is not None:
-        lines.append(f"tokentop: run directory {run_dir}")
+    lines = [f"tokentop: {outcome.line}"]
+    if outcome.run_dir is not None:
+        lines.append(f"tokentop: run directory {outcome.run_dir}")
     return lines
-
-
-def exit_reason(cfg: RunConfig, app: TokentopApp) -> str:
-    """The run's own verdict from its manifest when it wrote one; else the same verdict
-    judged on the console's windows (no recording, or the run was cut short)."""
-    run_dir = app.run_dir
-    if run_dir is not None:
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            manifest = json.loads((run_dir / "manifest.json").read_text())
-            return str(manifest["summary"]["exit"]["reason"])
-    from loadgen.run.summary import build_summary, exit_status, thresholds
-
-    summary = build_summary(cfg, app.windows)
-    summary["thresholds"] = thresholds(cfg, app.windows)
-    return exit_status(summary)[1]
-
-
-def sim_note(cfg: RunConfig) -> str | None:
-    """What the embedded simulator is (profile, slots, KV budget, faults at start); None
-    when the target is a real server."""
-    if cfg.url is not None:
-        return None
-    from loadgen.sim.model import SimConfig
-
-    sim = cfg.sim or SimConfig()
-    flags = cfg.sim_flags
-    profile = flags[flags.index("--profile") + 1] if "--profile" in flags[:-1] else "default"
-    faults = active_faults(sim)
-    return (f"simulator, {profile} profile: {sim.slots} slots, KV {sim.kv_tokens:,} tokens, "
-            f"{'faults ' + ', '.join(faults) if faults else 'no faults'}")
-
-
-def active_faults(sim: SimConfig) -> list[str]:
-    """The fault settings that differ from none at all, as `name=value`."""
-    from loadgen.sim.faults import FaultConfig
-
-    defaults = FaultConfig()
-    out = []
-    for f in dataclasses.fields(FaultConfig):
-        value = getattr(sim.faults, f.name)
-        if f.name != "seed" and value != getattr(defaults, f.name):
-            out.append(f"{f.name}={value:g}" if isinstance(value, float) else
-                       f"{f.name}={value}")
-    return out

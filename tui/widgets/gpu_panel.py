@@ -140,9 +140,9 @@ class GpuPanel(Panel):
     def render_view(self, view: View, width: int) -> tuple[str, str]:
         two = self._tall() and len(view.snap.gpu.gpus) <= 4
         all_sim, lines = gpu_lines(view.snap.gpu, width, two)
-        if view.target_note and view.snap.target.simulated:
+        if view.snap.target.about and view.snap.target.simulated:
             # the simulated GPU's panel is where one looks for what the "hardware" is
-            lines.append(f"[{MUTED}]{literal(view.target_note)}[/]")
+            lines.append(f"[{MUTED}]{literal(view.snap.target.about)}[/]")
         title = f"{self.TITLE} · simulated" if all_sim else self.TITLE
         eff = view.snap.efficiency
         tpj = self._steady_tpj(eff.tokens_per_joule if eff is not None else None)

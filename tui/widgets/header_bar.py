@@ -11,7 +11,7 @@ from textual.widgets import Static
 from loadgen.model import units
 from loadgen.model.kinds import SourceKind
 from loadgen.model.snapshot import Snapshot
-from loadgen.record.replay import ReplayStatus, replay_of
+from loadgen.model.source import ReplayStatus
 from tui.format import MUTED, literal, tidy
 
 STATE_COLOURS = {
@@ -138,8 +138,6 @@ class HeaderBar(Static):
         source_kind: SourceKind = "live",
         replay: ReplayStatus | None = None,
     ) -> None:
-        if replay is None and source_kind == "replay":
-            replay = self._replay_status()
         markup = header_markup(snap, description=description, ended=ended, error=error,
                                outage=outage, source_kind=source_kind, replay=replay)
         if markup != self._markup:
@@ -149,9 +147,3 @@ class HeaderBar(Static):
             self.update(tidy(markup), layout=self._markup is None
                         or lines != self._markup.count("\n"))
             self._markup = markup
-
-    def _replay_status(self) -> ReplayStatus | None:
-        """The app hands every source's header the same arguments; where a replay stands
-        lives in its source, so it is read from there (None: not a ReplaySource)."""
-        replay = replay_of(getattr(self.app, "source", None))
-        return replay.status() if replay is not None else None

@@ -1,0 +1,202 @@
+"""What the load is set to, and everything that changes it or ends it, in one place.
+
+The coordinator merges what the workers measured into Snapshots; the Steering decides
+the load: the operator's controls (keys, the CLI, MQTT), a --ramp, the auto-ramp's
+steps, the warm-up, and the stop policy (--duration, --requests, --stop-error-rate, the
+end of a --trace, every worker gone). Each change goes to the workers at once
+(`apply`) and is said as an event (`say`), so the Snapshot of the tick shows it.
+
+Once a tick, in this order: `advance(elapsed)` before the workers are asked for their
+intervals (warm-up over, the ramp's next value, is a stop due?), then, once the tick is
+merged, `after_tick(elapsed, dense, counters)` (the auto-ramp judges the step on what
+the tick measured).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import msgspec
+import numpy as np
+
+from loadgen.model.snapshot import Control, Counters
+from loadgen.run.auto_ramp import AutoRamp
+from loadgen.run.config import Parsed, RunConfig
+from loadgen.worker.wire import LoadSpec
+
+ERROR_RATE_WINDOW_S = 10.0  # --stop-error-rate looks this far back …
+ERROR_RATE_MIN_REQUESTS = 20  # … and needs at least this many requests to judge
+TICK_EARLY_S = 0.01  # a tick this close to --duration is the one that reaches it
+
+Apply = Callable[[LoadSpec], None]
+SayEvent = Callable[[str, str], None]  # (event kind, message)
+LOAD_OPS = ("set_concurrency", "add_concurrency", "set_rate", "add_rate")
+
+
+class Steering:
+    def __init__(self, cfg: RunConfig, parsed: Parsed, apply: Apply, say: SayEvent) -> None:
+        self.cfg = cfg
+        self.parsed = parsed
+        self.apply = apply
+        self.say = say
+        self.spec = cfg.load_spec()
+        self.ramp = parsed.ramp
+        self.auto: AutoRamp | None = None
+        self.load_started: float | None = None  # elapsed seconds when warm-up ended
+        self.elapsed = 0.0
+        self._recent: deque[tuple[float, int, int]] = deque()  # (t, ok, failed)
+
+    # ---- the start -----------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """The load as the run starts it: the ramp's first value, or the auto-ramp's."""
+        if self.ramp is not None:
+            self._set_main_value(self.ramp.value_at(0.0))
+        if self.cfg.auto_ramp:
+            self._start_auto_ramp("cli")
+        self.apply(self.spec)
+
+    # ---- the operator --------------------------------------------------------------------
+
+    def control(self, msg: Control, paused: bool) -> None:
+        """A load change (the pause, the stop and marks are the coordinator's)."""
+        op, v = msg.op, msg.value
+        if op in LOAD_OPS and v is not None:
+            self._manual_change(op, v, msg.source, paused)
+        elif op == "auto_ramp":
+            self._start_auto_ramp(msg.source)
+            self.apply(self.spec)
+        elif op == "set_mode" and msg.note in ("closed", "open") and msg.note != self.spec.mode:
+            self.ramp = None
+            self.auto = None
+            self.spec = msgspec.structs.replace(self.spec, mode=msg.note)
+            self.apply(self.spec)  # while paused the workers keep it for the resume
+            later = "; from the resume" if paused else ""
+            self.say("operator", f"switched to {self.load_text()} ({msg.source}){later}")
+
+    def _start_auto_ramp(self, source: str) -> None:
+        cfg = self.cfg
+        self.ramp = None
+        self.auto = AutoRamp(self.parsed.slos, hold_s=cfg.auto_ramp_hold,
+                             warmup_s=cfg.auto_ramp_warmup)
+        self.spec = msgspec.structs.replace(self.spec, mode="closed", concurrency=self.auto.load)
+        self.say("operator", f"auto-ramp started ({source}): doubling from "
+                 f"{self.auto.load} stream while the SLOs hold ({cfg.slo or 'knee rule'})")
+
+    def _manual_change(self, op: str, v: float, source: str, paused: bool) -> None:
+        """A manual change takes control back from a ramp."""
+        if self.ramp is not None or self.auto is not None:
+            self.ramp = None
+            self.auto = None
+            self.say("operator", f"ramp stopped by a manual change ({source})")
+        spec = self.spec
+        if op.endswith("concurrency"):
+            n = max(0, round((spec.concurrency if op == "add_concurrency" else 0) + v))
+            new = msgspec.structs.replace(spec, concurrency=n)
+        else:
+            r = max(0.0, (spec.rate if op == "add_rate" else 0.0) + v)
+            new = msgspec.structs.replace(spec, rate=round(r, 3))
+        if new != spec:
+            self.spec = new
+            self.apply(new)  # while paused the workers keep it for the resume
+            later = "; from the resume" if paused else ""
+            self.say("operator", f"{self.load_text()} ({source}){later}")
+
+    def _set_main_value(self, value: float) -> None:
+        if self.spec.mode == "closed":
+            self.spec = msgspec.structs.replace(self.spec, concurrency=max(0, round(value)))
+        else:
+            self.spec = msgspec.structs.replace(self.spec, rate=max(0.0, round(value, 3)))
+
+    # ---- once a tick ---------------------------------------------------------------------
+
+    def advance(self, elapsed: float, running: bool) -> None:
+        """Before the tick is collected: warm-up, the ramp's value now."""
+        self.elapsed = elapsed
+        if self.load_started is None and elapsed >= self.cfg.warmup:
+            # without a warm-up the load is measured from the start (as the windows are);
+            # with one, from the tick in which it ended (the windows forget up to there)
+            self.load_started = elapsed if self.cfg.warmup > 0 else 0.0
+            if self.cfg.warmup > 0:
+                self.say("run", f"warm-up over after {self.cfg.warmup:g} s: measuring")
+        if self.ramp is not None and running:
+            before = self.spec
+            self._set_main_value(self.ramp.value_at(elapsed))
+            if self.spec != before:
+                self.apply(self.spec)
+            if self.ramp.finished(elapsed):
+                self.say("run", f"ramp finished at {self.load_text()}")
+                self.ramp = None
+
+    def after_tick(self, elapsed: float, dense: dict[str, np.ndarray], counters: Counters,
+                   running: bool) -> None:
+        """Once the tick is merged: the auto-ramp judges its step on what it measured."""
+        auto = self.auto
+        if auto is None or auto.settled or not running:
+            return
+        nxt = auto.observe(elapsed, dense, counters)
+        if nxt is None:
+            return
+        self.spec = msgspec.structs.replace(self.spec, concurrency=nxt)
+        self.apply(self.spec)
+        self.say("run", auto.describe(elapsed))
+
+    def note(self, running: bool) -> str | None:
+        """What the load is doing by itself, for LoadState.note."""
+        if self.ramp is not None and running:
+            return self.ramp.describe(self.elapsed)
+        if self.auto is not None:
+            return self.auto.describe(self.elapsed)
+        return None
+
+    # ---- the stop policy -----------------------------------------------------------------
+
+    def track(self, t: float, counters: Counters) -> None:
+        """The cumulative counts at `t`, for --stop-error-rate's window."""
+        self._recent.append((t, counters.requests_ok, counters.requests_failed))
+        while self._recent and self._recent[0][0] < t - ERROR_RATE_WINDOW_S:
+            self._recent.popleft()
+
+    def stop_due(self, elapsed: float, counters: Counters) -> str | None:
+        """Why the run should stop now (--duration, --requests, --stop-error-rate), or None;
+        the coordinator adds what only it can see (workers gone, a trace's end)."""
+        cfg = self.cfg
+        started = self.load_started
+        measured = elapsed - (started if started is not None else elapsed)
+        # a tick's timer may fire a little early (uvloop's have millisecond resolution): a
+        # tick within TICK_EARLY_S of the duration is the one that reaches it
+        if (cfg.duration is not None and started is not None
+                and measured >= cfg.duration - TICK_EARLY_S):
+            return f"duration of {cfg.duration:g} s reached"
+        c = counters
+        if cfg.max_requests is not None and c.requests_ok + c.requests_failed \
+                + c.requests_cancelled >= cfg.max_requests:
+            return f"{cfg.max_requests} requests done"
+        return self._error_rate_passed(c)
+
+    def _error_rate_passed(self, c: Counters) -> str | None:
+        limit = self.cfg.stop_error_rate
+        if limit is None or not self._recent:
+            return None
+        _, ok0, failed0 = self._recent[0]
+        ok, failed = c.requests_ok - ok0, c.requests_failed - failed0
+        n = ok + failed
+        if n >= ERROR_RATE_MIN_REQUESTS and failed / n > limit:
+            return (f"error rate {failed / n:.0%} over the last {ERROR_RATE_WINDOW_S:g} s "
+                    f"passed --stop-error-rate {limit:g}")
+        return None
+
+    # ---- words -----------------------------------------------------------------------------
+
+    def load_text(self) -> str:
+        s = self.spec
+        if s.mode == "closed":
+            return f"{s.concurrency} streams (closed loop)"
+        if s.trace:
+            span = self.parsed.trace_span or 0.0
+            return (f"trace {self.cfg.trace} at {s.trace_speed:g}× ({span / s.trace_speed:.0f} s, "
+                    "open loop)")
+        shape = f" k={s.shape:g}" if s.arrival == "gamma" else ""
+        cap = f", at most {s.max_in_flight} in flight" if s.max_in_flight else ""
+        return f"{s.rate:g} req/s {s.arrival}{shape} (open loop{cap})"
