@@ -46,7 +46,8 @@ import msgspec
 import numpy as np
 from msgspec import UNSET, UnsetType
 
-from loadgen.analysis.soak import MIN_SLOPE_SPAN_H, Slope, SoakAnalyzer, SoakResult
+from loadgen.analysis.soak import MIN_SLOPE_SPAN_H, SoakAnalyzer
+from loadgen.analysis.soak_result import Slope, SoakResult
 from loadgen.model import units
 from loadgen.model.slo import parse_slos
 from loadgen.model.snapshot import Snapshot

@@ -20,7 +20,7 @@ run started, gaps included):
   the server may still serve.
 * recording gap: wall time between two Snapshots that no tick covers (more than
   `gap_s` or two ticks: tokentop was not running), or a resume (`--resume`, whose
-  first Snapshot says "resumed run"). Not an outage of the server: a gap does not
+  first Snapshot carries a "resume" event). Not an outage of the server: a gap does not
   end an outage that spans it, and is not counted in its duration (`gap_s`).
 * MTTR: the mean duration of the closed outages (per kind, and of their union),
   recording gaps left out. Availability: 1 − client outage time / time the
@@ -50,8 +50,27 @@ from dataclasses import dataclass, field
 
 import msgspec
 import numpy as np
-from msgspec import UNSET, UnsetType
 
+from loadgen.analysis.soak_result import (
+    Bucket,
+    Drift,
+    EventLine,
+    Gap,
+    LongTail,
+    Measured,
+    Mttr,
+    OutageRecord,
+    Rates,
+    Requests,
+    RunTarget,
+    Slope,
+    SoakResult,
+    Stall,
+    Stalls,
+    TailInterval,
+    ThresholdResult,
+    TickStats,
+)
 from loadgen.model import hdr
 from loadgen.model.outage import GAP_EPSILON_S, OUTAGE_MIN_S, OutageTracker, Tick
 from loadgen.model.outage import Outage as TrackedOutage
@@ -73,229 +92,6 @@ SERIES = (
     "gpu_mem_mb", "gpu_power_w", "srv_rss_mb", "srv_ok",
 )
 NAN = float("nan")
-
-
-# ---- the result ----------------------------------------------------------------------------
-# Values are as report.json has them: times in unix seconds, latencies in ms, memory in MB.
-# A field that is UNSET is left out of the JSON, as the dicts before these Structs left it out;
-# one with a default is one that a report.json of an older tokentop may not have.
-
-
-class _Part(msgspec.Struct):
-    """A part of the result. Each is kw_only (msgspec's setting is per class): built by
-    name, never by position."""
-
-
-class OutageRecord(_Part, kw_only=True):
-    kind: str  # client | server
-    start: float
-    end: float
-    start_rel: float
-    ongoing: bool  # still going at the last Snapshot
-    failed: int  # requests that failed inside it (client)
-    errors: dict[str, int]
-    reason: str | None  # client: why, in words; server: the probe's words
-    gap_s: float = 0.0  # recording gaps inside it: not counted in its duration
-    duration_s: float
-
-
-class Mttr(_Part, kw_only=True):
-    """The mean duration of the closed outages, by kind and of their union (`any`)."""
-
-    client: float | None
-    server: float | None
-    any: float | None
-
-
-class Stall(_Part, kw_only=True):
-    start: float
-    start_rel: float
-    end: float | None  # None: still stalled at the last Snapshot
-    stalled: int
-    in_flight: int
-    message: str
-
-
-class Stalls(_Part, kw_only=True):
-    count: int  # every episode; `episodes` holds the first STALL_LIST_MAX
-    episodes: list[Stall]
-
-
-class Gap(_Part, kw_only=True):
-    start: float
-    end: float
-    duration_s: float
-    start_rel: float
-    after_seq: int
-    resumed_seq: int
-
-
-class Rates(_Part, kw_only=True):
-    """After warm-up (loadgen.model.slo.rates_from, rounded)."""
-
-    error_rate: float | None
-    req_s: float | None
-    output_tok_s: float | None
-    goodput_req_s: float | None
-
-
-class ThresholdResult(_Part, kw_only=True):
-    """One --slo threshold on the whole run (loadgen.model.slo.evaluate_thresholds)."""
-
-    text: str
-    metric: str
-    stat: str | None
-    op: str
-    limit: float
-    measured: int | float | None  # in `unit`: us for latencies (an HDR value: an int)
-    unit: str  # us | fraction | per_s
-    passed: bool
-    shown: str
-
-
-class Slope(_Part, kw_only=True):
-    """A memory series' least-squares slope; withheld (None, with why) when too short."""
-
-    slope_mb_h: float | None
-    samples: int
-    span_h: float
-    trend: bool  # the span is long enough for a trend (MIN_SLOPE_SPAN_H)
-    first_mb: float | None
-    last_mb: float | None
-    peak_mb: float | None
-    min_span_s: float | UnsetType = UNSET  # set with slope_withheld (loadgen.analysis.report)
-    slope_withheld: str | UnsetType = UNSET
-
-
-class TickStats(_Part, kw_only=True):
-    """A metric's latency over a drift bucket."""
-
-    count: int
-    p50_ms: float | None
-    p99_ms: float | None
-    p99_9_ms: float | None = msgspec.field(name="p99.9_ms")
-    max_ms: float | None
-
-
-class Bucket(_Part, kw_only=True):
-    """One drift bucket; its per-metric stats are fields named as TICK_METRICS."""
-
-    index: int
-    start_elapsed_s: float
-    seconds: float
-    ttft: TickStats
-    itl: TickStats
-    output_tok_s: float | None
-    req_s: float | None
-    error_rate: float | None
-    server_rss_mb: float | None
-    gpu_mem_mb: float | None
-    # the first bucket has none: "ttft_p99", "ttft_p99.9", …, "output_tok_s" → ratio
-    vs_first: dict[str, float | None] | UnsetType = UNSET
-
-
-class Drift(_Part, kw_only=True):
-    bucket_s: float
-    buckets: list[Bucket]
-    server_rss: Slope
-    gpu_memory: Slope
-    throughput_change: float | None  # last bucket's throughput / the first's
-
-
-class TailInterval(_Part, kw_only=True):
-    """A tick whose P99.9 or max of a latency broke the long-tail limit."""
-
-    t: float
-    rel: float
-    elapsed: float
-    seq: int
-    metric: str
-    count: int
-    p99_ms: float | None
-    p99_9_ms: float | None = msgspec.field(name="p99.9_ms")
-    max_ms: float | None
-    in_flight: int
-    server_waiting: float | None
-    limit_ms: float | None = None  # set when the limit is known (at the end)
-    x_limit: float = 0.0
-    context: list[str] = msgspec.field(default_factory=list)
-
-
-class LongTail(_Part, kw_only=True):
-    limits_ms: dict[str, float | None]  # by metric (TICK_METRICS)
-    rule: str
-    counts: dict[str, int]  # ticks above the limit, by metric
-    intervals: list[TailInterval]  # the worst TAIL_LIST_MAX, in time order
-
-
-class EventLine(_Part, kw_only=True):
-    """A warn/error event, or an info one of KEPT_INFO_EVENTS."""
-
-    t: float
-    rel: float
-    kind: str
-    level: str
-    message: str
-
-
-class RunTarget(_Part, kw_only=True):
-    url: str | None
-    model: str | None
-    simulated: bool
-
-
-class Requests(_Part, kw_only=True):
-    """The whole run's counters (warm-up included)."""
-
-    ok: int
-    failed: int
-    cancelled: int
-    errors: dict[str, int]
-    output_tokens: int
-    input_tokens: int
-
-
-class Measured(_Part, kw_only=True):
-    """Requests after warm-up: what the success rate is of."""
-
-    ok: int
-    failed: int
-
-
-# a latency summary (loadgen.model.hdr.summarize, in ms): count, min, mean, p50 … p99.9, max;
-# a mapping, not a Struct: its keys come from hdr.PERCENTILES, and their order from the data
-Summary = dict[str, int | float | None]
-
-
-class SoakResult(_Part, kw_only=True):
-    run_id: str | None
-    start_time: float | None
-    last_t: float | None
-    wall_s: float
-    elapsed_s: float
-    measured_s: float
-    ticks: int
-    state: str | None
-    target: RunTarget | None
-    requests: Requests
-    measured_requests: Measured | None = None  # None: an analysis before it (the whole run's)
-    success_rate: float | None
-    success_rate_during_outages: float | None
-    outages: list[OutageRecord]
-    mttr_s: Mttr
-    outage_s: float | None = None  # None: an analysis from before these three
-    availability: float | None = None
-    stalls: Stalls | None = None
-    server_metrics_never_answered: str | None
-    gaps: list[Gap]
-    latency_ms: dict[str, Summary]  # by metric (RUN_METRICS)
-    rates: Rates
-    thresholds: list[ThresholdResult]
-    thresholds_passed: bool | None
-    drift: Drift
-    long_tail: LongTail
-    event_counts: dict[str, int]
-    events: list[EventLine]  # the last 200
 
 
 # ---- analysing -----------------------------------------------------------------------------
@@ -461,9 +257,9 @@ class SoakAnalyzer:
         prev = self.last
         rel = snap.t - (self.start_time or snap.t)
         tick_start = snap.t - snap.interval
-        # the old spelling: runs resumed before the "resume" kind existed
-        resumed = any(e.kind == "resume" or (e.kind == "run" and e.message.startswith(
-            "resumed run")) for e in snap.events)
+        # by kind, never by wording (runs resumed before the "resume" kind existed have a gap
+        # of wall time there, which the test below sees as well)
+        resumed = any(e.kind == "resume" for e in snap.events)
         uncovered = tick_start - prev.t if prev is not None else 0.0
         if prev is not None and (resumed or uncovered > max(self.gap_s, 2 * prev.interval)):
             self._gap(prev, snap)

@@ -29,7 +29,7 @@ import msgspec
 import psutil
 
 from loadgen.analysis.report import Report, soak_report, write_soak_report
-from loadgen.analysis.soak import Slope
+from loadgen.analysis.soak_result import Slope
 from loadgen.analysis.sweep import SweepPlan, find_knee, run_sweep
 from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.plan import (

@@ -18,7 +18,7 @@ from typing import TypeVar
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from loadgen.analysis.soak import Summary, ThresholdResult
+from loadgen.analysis.soak_result import Summary, ThresholdResult
 from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.results import (
     Dcgm,
@@ -29,6 +29,8 @@ from loadgen.eval.results import (
     Workload,
     read_state,
 )
+from loadgen.model import units
+from loadgen.model.outage import OUTAGE_MIN_S
 
 F = TypeVar("F")
 T = TypeVar("T")
@@ -155,7 +157,8 @@ def _faults(results: Results) -> Iterator[Row]:
         yield from _fault_rows(dim, fault)
     mttr = f.mttr_s.any
     yield Row(dim, "MTTR of the outages seen", mttr, "s", "lower",
-              note="" if mttr is not None else "no outage (under OUTAGE_MIN_S of failure)")
+              note="" if mttr is not None else
+              f"no outage (no failure held {units.duration(OUTAGE_MIN_S)})")
     chaos = f.chaos
     if chaos is None:
         note = "not run: opt-in, --chaos-restart-cmd CMD"
@@ -281,8 +284,10 @@ def _span(seconds: float) -> str:
 
 
 def fmt(value: float | None) -> str:
+    """A figure's number (its unit apart): counts and whole loads without decimals, others to
+    about three figures; a missing one is n/a."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
+        return units.NA
     a = abs(value)
     if float(value).is_integer() and a < 1e6:  # counts and whole loads: no decimals
         return f"{int(value):,}"
@@ -295,6 +300,18 @@ def fmt(value: float | None) -> str:
     return f"{value:.2f}" if a >= 1 else f"{value:.3g}"
 
 
+def shown(r: Row) -> str:
+    """A row's value with its unit, as every tokentop output prints it: a latency as the
+    console does (ms, then s from 1000 ms on), a missing value as n/a, never with a unit."""
+    if r.value is None or (isinstance(r.value, float) and math.isnan(r.value)):
+        return units.NA
+    if r.unit == "ms":
+        return units.ms(units.us_of_ms(r.value))
+    if r.unit == "%":
+        return units.pct(r.value, whole=100.0)
+    return f"{fmt(r.value)} {r.unit}".rstrip()
+
+
 def table(all_rows: list[Row]) -> str:
     """The matrix for a terminal, one line a row, grouped by dimension."""
     lines: list[str] = []
@@ -304,7 +321,7 @@ def table(all_rows: list[Row]) -> str:
         if r.dimension != dim:
             dim = r.dimension
             lines.append(f"{dim}")
-        value = f"{fmt(r.value)} {r.unit}".rstrip()
+        value = shown(r)
         verdict = f" {r.verdict}" if r.verdict else ""
         note = f"  ({r.note})" if r.note else ""
         lines.append(f"  {r.figure:<{width}}  {value:>14}{verdict}{note}")
@@ -318,7 +335,7 @@ def markdown(state: EvalState, all_rows: list[Row], plots: list[str]) -> str:
            f"finished: {'yes' if state.finished else 'no (resume with the same --out)'}",
            "", "| dimension | figure | value | verdict | note |", "| --- | --- | --- | --- | --- |"]
     for r in all_rows:
-        out.append(f"| {r.dimension} | {r.figure} | {fmt(r.value)} {r.unit} | "
+        out.append(f"| {r.dimension} | {r.figure} | {shown(r)} | "
                    f"{r.verdict or ''} | {r.note} |")
     out += ["", "## Phases", ""]
     for name, r in state.phases.items():
@@ -384,12 +401,11 @@ def compare(evals: list[tuple[str, EvalState]]) -> str:
         cells = []
         for i, table_rows in enumerate(by_eval):
             r = table_rows.get(key)
-            cell = "–" if r is None else fmt(r.value) + (f" {r.verdict}" if r.verdict else "")
+            cell = units.NA if r is None else shown(r) + (f" {r.verdict}" if r.verdict else "")
             if i and r is not None and first is not None:
                 cell += _change(first, r)
             cells.append(f"{cell:>18}")
-        unit = (first or next(t[key] for t in by_eval if key in t)).unit
-        lines.append(f"{(key + (f' ({unit})' if unit else ''))[:57]:<58}{'  '.join(cells)}")
+        lines.append(f"{key[:57]:<58}{'  '.join(cells)}")
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ from typing import Any, Generic, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from loadgen.analysis.soak import (
+from loadgen.analysis.soak_result import (
     Drift,
     LongTail,
     Mttr,

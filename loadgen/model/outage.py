@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from loadgen.model import units
 from loadgen.model.kinds import SERVER_ERRORS, UNREACHABLE_ERRORS, EventKind, Health, Level
 from loadgen.model.snapshot import Counters, ServerMetrics, Snapshot
 
@@ -257,9 +258,10 @@ class OutageTracker:
         out.end = tick.t - tick.interval - out.idle_s
         self._recent.clear()  # its errors were the outage's: "degraded" starts afresh
         what = "requests succeed again" if tick.ok else "tokens arrive again"
-        gaps = f" (not counting {out.gap_s:.1f} s unrecorded)" if out.gap_s else ""
-        return [Change("recovery", "info", f"recovered after {out.duration_s:.1f} s{gaps}: "
-                       f"{what}", tick.t, out)]
+        gaps = f" (not counting {units.duration(out.gap_s)} unrecorded)" if out.gap_s else ""
+        lasted = units.duration(out.duration_s)
+        return [Change("recovery", "info", f"recovered after {lasted}{gaps}: {what}", tick.t,
+                       out)]
 
     def _quiet_tick(self, tick: Tick, gap: float) -> list[Change]:
         span = self._quiet
@@ -298,7 +300,7 @@ class OutageTracker:
         self.announced = True
         span.announced_at = tick.t
         self.outage_s += span.covered_s
-        return [Change("outage", "error", f"outage started {span.covered_s:.1f} s ago: "
+        return [Change("outage", "error", f"outage started {units.duration(span.covered_s)} ago: "
                        f"{span.words()}", tick.t, span)]
 
     def _take_idle(self, span: Outage) -> None:
@@ -322,8 +324,8 @@ class OutageTracker:
         if tick.stalled == 0 and self.stall_since is not None:
             lasted = tick.t - self.stall_since
             self.stall_since = None
-            return [Change("stall", "info", f"stall over after {lasted:.1f} s: no stream in "
-                           f"flight has waited ≥{STALL_AFTER_S:g} s for data", tick.t,
+            return [Change("stall", "info", f"stall over after {units.duration(lasted)}: no "
+                           f"stream in flight has waited ≥{STALL_AFTER_S:g} s for data", tick.t,
                            since=tick.t - lasted, seconds=lasted)]
         return []
 

@@ -155,7 +155,12 @@ TOKENIZE_PROBE = "hello world"
 
 
 class TokenizeFailed(Exception):
-    """The server's tokenize endpoint did not answer as it should; str(e) says how."""
+    """The server's tokenize endpoint did not answer as it should; str(e) says how, `status`
+    is the HTTP status when one came (None: no answer, or one that is not a count)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ServerTokenize:
@@ -187,7 +192,7 @@ class ServerTokenize:
             async with self.session.post(self.url, json=self.body(text), headers=self.headers,
                                          timeout=timeout) as r:
                 if r.status != 200:
-                    raise TokenizeFailed(f"HTTP {r.status}")
+                    raise TokenizeFailed(f"HTTP {r.status}", r.status)
                 answer = await r.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             raise TokenizeFailed(str(e) or type(e).__name__) from None
@@ -225,7 +230,7 @@ async def find_tokenize(session: aiohttp.ClientSession, base_url: str, model: st
                 if await endpoint.one(TOKENIZE_PROBE) >= 1:
                     return endpoint
             except TokenizeFailed as e:
-                if str(e) in ("HTTP 404", "HTTP 405") or not str(e).startswith("HTTP"):
+                if e.status in (None, 404, 405):
                     break  # nothing at this path (or no answer): no other shape will do
     return None
 

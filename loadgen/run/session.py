@@ -44,7 +44,7 @@ import msgspec
 
 from loadgen.fleet.remote import LoadNow
 from loadgen.model.notice import Notice, Say
-from loadgen.model.slo import Slos, parse_slos
+from loadgen.model.slo import Slos
 from loadgen.model.snapshot import Control, Snapshot, SnapshotVersionError
 from loadgen.model.source import RunOutcome
 from loadgen.model.windows import SnapshotWindows
@@ -60,6 +60,7 @@ from loadgen.run.summary import (
     EXIT_UNUSABLE,
     build_summary,
     exit_status,
+    final_line,
     thresholds,
     write_json,
 )
@@ -305,34 +306,6 @@ class Session:
             outcome = await self.finish()
         self.say(Notice("outcome", outcome.said().line))
         return outcome.code
-
-
-def final_line(summary: dict) -> str:
-    """A finished run's summary in one line: its exit reason, then what a script's log
-    should keep of it: P50/P99 of TTFT, ITL and E2E, and the goodput when --slo set
-    per-request limits."""
-    latency = summary.get("latency_ms") or {}
-    parts = []
-    for metric in ("ttft", "itl", "e2e"):
-        stats = latency.get(metric)
-        if stats and stats.get("count"):  # none when no request completed
-            p50, p99 = _short_ms(stats["p50"]), _short_ms(stats["p99"])
-            parts.append(f"{metric.upper()} {p50}/{p99} ms")
-    line = summary["exit"]["reason"]
-    if parts:
-        line += " | p50/p99 " + ", ".join(parts)
-    goodput = (summary.get("throughput") or {}).get("goodput_req_s")
-    slo = (summary.get("config") or {}).get("slo")
-    if goodput is not None and parse_slos(slo).per_request is not None:
-        line += f" | goodput {goodput:.3g} req/s within the --slo"
-    return line
-
-
-def _short_ms(value: float | None) -> str:
-    """Three figures at most, never an exponent: 0.85, 12.4, 215."""
-    if value is None:
-        return "–"
-    return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
 def stop_on_signals(session: Session, say: Say) -> None:

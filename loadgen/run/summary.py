@@ -17,6 +17,7 @@ from pathlib import Path
 import msgspec
 
 from loadgen import __version__
+from loadgen.model import units
 from loadgen.model.slo import evaluate_thresholds, parse_slos, rates_from
 from loadgen.model.snapshot import ServerMetrics, Snapshot
 from loadgen.model.windows import SnapshotWindows, WindowStats
@@ -214,6 +215,27 @@ def exit_status(summary: dict, recording_failed: str | None = None) -> tuple[int
     return EXIT_OK, done
 
 
+def final_line(summary: dict) -> str:
+    """A finished run's summary in one line: its exit reason, then what a script's log
+    should keep of it: P50/P99 of TTFT, ITL and E2E, and the goodput when --slo set
+    per-request limits."""
+    latency = summary.get("latency_ms") or {}
+    parts = []
+    for metric in ("ttft", "itl", "e2e"):
+        stats = latency.get(metric)
+        if stats and stats.get("count"):  # none when no request completed
+            p50, p99 = (units.ms(units.us_of_ms(stats[q])) for q in ("p50", "p99"))
+            parts.append(f"{metric.upper()} {p50} / {p99}")
+    line = summary["exit"]["reason"]
+    if parts:
+        line += " | p50/p99 " + ", ".join(parts)
+    goodput = (summary.get("throughput") or {}).get("goodput_req_s")
+    slo = (summary.get("config") or {}).get("slo")
+    if goodput is not None and parse_slos(slo).per_request is not None:
+        line += f" | goodput {units.rate(goodput, 'req/s')} within the --slo"
+    return line
+
+
 def write_json(path: Path, summary: dict) -> None:
     """Atomically: a reader never sees half a summary."""
     tmp = path.with_name(path.name + ".tmp")
@@ -224,22 +246,14 @@ def write_json(path: Path, summary: dict) -> None:
 # ---- the progress line ----------------------------------------------------------------------
 
 
-def _ms(us: float | None, digits: int = 1) -> str:
-    return "–" if us is None else f"{us * MS:.{digits}f}ms"
-
-
-def _num(x: float | None, digits: int = 0) -> str:
-    return "n/a" if x is None else f"{x:.{digits}f}"
-
-
 def progress_line(snap: Snapshot, w: WindowStats) -> str:
     """One line a second on stderr: state, load, throughput, latency, errors, server queue."""
     ld = snap.load
     srv = snap.server
     server = (
-        f"srv wait {_num(srv.waiting)} run {_num(srv.running)}"
+        f"srv wait {units.number(srv.waiting)} run {units.number(srv.running)}"
         if srv is not None and srv.ok
-        else "srv n/a"
+        else f"srv {units.NA}"
     )
     ttft, itl = w.latency["ttft"], w.latency["itl"]
     est = " est" if w.tokens_estimated else ""
@@ -250,8 +264,8 @@ def progress_line(snap: Snapshot, w: WindowStats) -> str:
     state = "warm-up" if ld.warmup and ld.state == "running" else ld.state
     return (
         f"[{snap.elapsed:6.0f}s] {state:<8} {load} inflight={ld.in_flight}"
-        f" | {_num(w.output_tok_s)} tok/s{est} {_num(w.req_s, 1)} req/s"
-        f" | TTFT p50 {_ms(ttft['p50'])} p99 {_ms(ttft['p99'])}"
-        f" | ITL p99 {_ms(itl['p99'], 2)}{itl_est}"
+        f" | {units.rate(w.output_tok_s, 'tok/s')}{est} {units.rate(w.req_s, 'req/s')}"
+        f" | TTFT p50 {units.ms(ttft['p50'])} p99 {units.ms(ttft['p99'])}"
+        f" | ITL p99 {units.ms(itl['p99'])}{itl_est}"
         f" | ok {c.requests_ok} err {c.requests_failed} | {server}"
     )

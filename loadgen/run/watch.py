@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import AsyncIterator
 
+from loadgen.model import units
 from loadgen.model.slo import Slos
 from loadgen.model.snapshot import Control, Efficiency, Event, Snapshot
 from loadgen.model.source import SnapshotSource, SourceStatus
@@ -68,14 +69,14 @@ class Watch:
                 continue  # nothing finished in the window: no verdict either way
             if not th.passes(value) and th.text not in self._failing:
                 self._failing.add(th.text)
-                snap.events.append(Event(
-                    t=snap.t, kind="slo", level="warn",
-                    message=f"SLO breach: {th.text} ({stat.upper()} {_ms(value)}, last 10 s)"))
+                shown = f"{stat.upper()} {units.ms(value)}, last 10 s"
+                snap.events.append(Event(t=snap.t, kind="slo", level="warn",
+                                         message=f"SLO breach: {th.text} ({shown})"))
             elif th.passes(value) and th.text in self._failing:
                 self._failing.discard(th.text)
-                snap.events.append(Event(
-                    t=snap.t, kind="slo",
-                    message=f"SLO met again: {th.text} ({stat.upper()} {_ms(value)}, last 10 s)"))
+                shown = f"{stat.upper()} {units.ms(value)}, last 10 s"
+                snap.events.append(Event(t=snap.t, kind="slo",
+                                         message=f"SLO met again: {th.text} ({shown})"))
 
     # ---- GPUs ------------------------------------------------------------------------------
 
@@ -106,14 +107,6 @@ class Watch:
         (_, e0, n0), (_, e1, n1) = self._energy[0], self._energy[-1]
         if e1 > e0:
             snap.efficiency = Efficiency(tokens_per_joule=(n1 - n0) / (e1 - e0))
-
-
-def _ms(us: float) -> str:
-    """About three significant figures, as the console shows latencies: 4.21 ms, 389 ms."""
-    ms = us / 1000.0
-    if ms >= 1000:
-        return f"{ms / 1000:.2f} s"
-    return f"{ms:.{2 if ms < 10 else 1 if ms < 100 else 0}f} ms"
 
 
 class WatchedSource:

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from support import headless_argv
 
-from loadgen.analysis.soak import TICK_METRICS, Bucket, SoakAnalyzer, analyze
+from loadgen.analysis.soak import TICK_METRICS, SoakAnalyzer, analyze
+from loadgen.analysis.soak_result import Bucket
 from loadgen.model import hdr
 from loadgen.model.slo import parse_slos
 from loadgen.model.snapshot import (

@@ -10,7 +10,9 @@ import re
 import pytest
 from support import headless_argv, tokentop
 
+from loadgen.model import units
 from loadgen.model.slo import parse_slos
+from loadgen.model.units import parse_latency_us
 
 PROGRESS_SECOND = re.compile(r"^\[\s*(\d+)s\] (\S+)")
 
@@ -52,16 +54,17 @@ async def test_the_final_line_has_latencies_and_goodput(sim, tmp_path):
     summary = json.loads(out.read_text())
     assert last.startswith(f"tokentop: {summary['exit']['reason']} | p50/p99 "), last
     for metric in ("ttft", "itl", "e2e"):
-        m = re.search(rf"{metric.upper()} ([0-9.]+)/([0-9.]+) ms", last)
+        m = re.search(rf"{metric.upper()} ([0-9.]+ m?s) / ([0-9.]+ m?s)", last)
         assert m, last
         stats = summary["latency_ms"][metric]
         # the line rounds to three figures at most: the summary's own values, so rounded
-        assert float(m[1]) == pytest.approx(stats["p50"], rel=0.01, abs=0.01), last
-        assert float(m[2]) == pytest.approx(stats["p99"], rel=0.01, abs=0.01), last
+        for shown, q in ((m[1], "p50"), (m[2], "p99")):
+            assert parse_latency_us(shown) / 1e3 == pytest.approx(stats[q], rel=0.01,
+                                                                  abs=0.01), last
     # every request is well inside these limits: goodput is the request rate
     goodput = summary["throughput"]["goodput_req_s"]
     assert goodput == summary["throughput"]["req_s"] > 0
-    assert last.endswith(f"| goodput {goodput:.3g} req/s within the --slo"), last
+    assert last.endswith(f"| goodput {units.rate(goodput, 'req/s')} within the --slo"), last
 
 
 async def test_no_goodput_without_per_request_limits(sim):

@@ -314,8 +314,7 @@ def add_disk_full_argument(g: argparse._ActionsContainer) -> None:
 
 def add_console_arguments(p: argparse.ArgumentParser) -> None:
     """The console's own: its look, its redraws, and `--publish` to a fleet (the broker's
-    arguments). tui/commands/console.py still adds its own copy of these; this is the
-    group other commands refuse in words (refuse_elsewhere)."""
+    arguments); the group other commands refuse in words (refuse_elsewhere)."""
     ui = p.add_argument_group("console")
     ui.add_argument("--theme", help="tokentop-dark (default), tokentop-light, "
                     "tokentop-high-contrast, tokentop-mono; `t` cycles them in the console "

@@ -10,7 +10,6 @@ The run itself is a RunConfig plus its Secrets; the two functions that start one
 from __future__ import annotations
 
 import argparse
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,12 +17,11 @@ from loadgen import __version__
 from tui.commands import COMMANDS
 from tui.commands.args import (
     Parser,
-    add_broker_arguments,
+    add_console_arguments,
     add_run_arguments,
     broker_settings,
     fail,
     run_config,
-    seconds,
     secrets_from,
 )
 
@@ -38,14 +36,7 @@ def console_parser(prog: str = "tokentop") -> argparse.ArgumentParser:
                f"Subcommands: {', '.join(COMMANDS)} (tokentop SUB --help).")
     p.add_argument("--version", action="version", version=f"tokentop {__version__}")
     add_run_arguments(p)
-    ui = p.add_argument_group("console")
-    ui.add_argument("--theme", help="tokentop-dark (default), tokentop-light, "
-                    "tokentop-high-contrast, tokentop-mono; `t` cycles them in the console "
-                    "and the choice is remembered in ~/.config/tokentop/config.toml")
-    ui.add_argument("--refresh", type=seconds, default=0.5, help="seconds between redraws")
-    add_broker_arguments(p, required=False, url_flag="--publish")
-    p.add_argument("--name", default=socket.gethostname(),
-                   help="this machine's name in the fleet (with --publish)")
+    add_console_arguments(p)
     return p
 
 
