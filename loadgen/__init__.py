@@ -1,16 +1,28 @@
 """Drive load at an OpenAI-compatible server and measure it.
 
-The packages, and what each may import (README, "How it is built"; the rule is
-tests/test_layout.py):
+The packages, in dependency order, and what each may import (README, "How it is
+built"; the rule is tests/test_layout.py):
 
-    model/     the shared vocabulary: Snapshot, kinds, SLOs, HDR, windows, sources
-               (imports nothing of ours)
-    worker/    the hot path, inside the load worker processes (model only)
-    run/       one run, from RunConfig to exit code: the Session and what it drives
-    record/    run directories: recorder, reader, hlog, replay (model only)
-    analysis/  soak, report, compare, sweep, calibrate
-    fleet/     MQTT: link, publisher, monitor, merged view, remote control (model only)
-    sim/       the simulator, a program of its own (nothing of ours)
+    model/     the shared vocabulary (imports nothing of ours): snapshot, kinds, notice,
+               source (SnapshotSource, its status, a run's outcome), units (every parser
+               and formatter of figures), slo, outage, hdr, windows, urls
+    worker/    the hot path, inside the load worker processes (model only): main, load,
+               envelope (one request, both clients), client + http_stream, openai_client,
+               sse, stream_measure, interval, workload, distributions, conversation,
+               dataset, trace, tokenizer, limits, wire, eventloop
+    record/    run directories (model only): rundir, recorder, hlog, replay
+    fleet/     MQTT (model only): link, publisher, monitor, merged, remote
+    sim/       the simulator, a program of its own (nothing of ours): server, request,
+               chunks, exact, words, dialects, metrics, model, prefix_cache, faults, gpu,
+               presets, launch, program
+    run/       one run, from RunConfig to exit code (model, worker, record, fleet, sim,
+               probes): session, coordinator, steering, pool, config, secrets, preflight,
+               embedded_sim, resume, ramp, auto_ramp, watch, sinks, summary, headless,
+               run_process, heap
+    analysis/  what runs leave behind (run and below): soak, soak_result, report, compare,
+               sweep, calibrate
+    eval/      the evaluation battery (analysis and below): phases, plan, battery, results,
+               matrix, proxy, output
 """
 
 __version__ = "0.1.0"

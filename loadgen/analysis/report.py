@@ -236,10 +236,13 @@ def summary_lines(r: dict) -> list[str]:
                      f"{units.rate(rates['req_s'], 'req/s')}")
     outages = r["outages"]
     mttr = r["mttr_s"]
-    lines.append(f"  outages: {len(outages)} (MTTR client {_fmt_s(mttr['client'])}, "
-                 f"server {_fmt_s(mttr['server'])})")
+    events = r.get("outage_events")
+    events = len({o.get("event", i) for i, o in enumerate(outages)}) if events is None else events
+    lines.append(f"  outages: {events} (MTTR {_fmt_s(mttr['any'])}; as the client saw them "
+                 f"{_fmt_s(mttr['client'])}, as /metrics did {_fmt_s(mttr['server'])})")
     for o in outages[:10]:
-        lines.append(f"    {o['kind']:6} at +{_fmt_s(o['start_rel'])}: {_fmt_s(o['duration_s'])}"
+        lines.append(f"    #{o.get('event', 0)} {o['kind']:6} at +{_fmt_s(o['start_rel'])}: "
+                     f"{_fmt_s(o['duration_s'])}"
                      f"{' (ongoing)' if o['ongoing'] else ''}"
                      f"{' ' + _errs(o['errors']) if o['errors'] else ''}")
     for g in r["gaps"]:

@@ -575,10 +575,14 @@ class SoakAnalyzer:
         measured_ok, measured_failed = self._measured_requests()
         n = measured_ok + measured_failed
         latency, rates, seconds = self.run_summary()
-        thresholds = evaluate_thresholds(self.slos.thresholds, latency, rates) \
+        covered = self.tracker.covered_s
+        availability = _r(1.0 - self.tracker.outage_s / covered if covered > 0 else None, 6)
+        # the stability thresholds judge the client's outages, as the run's summary does
+        stability = {"availability": availability,
+                     "outages": sum(1 for o in outages if o.kind == "client")}
+        thresholds = evaluate_thresholds(self.slos.thresholds, latency, rates | stability) \
             if self.slos else []
         tail, tail_counts = self.long_tail()
-        covered = self.tracker.covered_s
         return SoakResult(
             run_id=last.run_id if last else None,
             start_time=self.start_time,
@@ -597,10 +601,11 @@ class SoakAnalyzer:
             measured_requests=Measured(ok=measured_ok, failed=measured_failed),
             success_rate=_r(measured_ok / n if n else None, 6),
             success_rate_during_outages=_r(fault_ok / fault_n if fault_n else None, 6),
-            outages=[o.record() for o in outages],
+            outages=_as_events(outages),
+            outage_events=len(_union([(o.start, o.end) for o in outages])),
             mttr_s=self._mttr(outages),
             outage_s=round(self.tracker.outage_s, 3),
-            availability=_r(1.0 - self.tracker.outage_s / covered if covered > 0 else None, 6),
+            availability=availability,
             stalls=Stalls(count=self.stall_count, episodes=list(self.stalls)),
             server_metrics_never_answered=None if self._server_seen_ok
             else self.server_never_ok_reason,
@@ -698,6 +703,22 @@ def _ms(us: float | None) -> float | None:
 
 def _nan(x: float | None) -> float:
     return NAN if x is None else float(x)
+
+
+def _as_events(outages: list[Outage]) -> list[OutageRecord]:
+    """The records, in order of start, each numbered by the event it belongs to: spans that
+    overlap are one failure seen twice (the client's outage and /metrics' silence)."""
+    records: list[OutageRecord] = []
+    event, end = 0, None
+    for o in outages:
+        if end is None or o.start > end:
+            event, end = event + 1, o.end
+        else:
+            end = max(end, o.end)
+        record = o.record()
+        record.event = event
+        records.append(record)
+    return records
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:

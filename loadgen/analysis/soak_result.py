@@ -28,6 +28,9 @@ class OutageRecord(_Part, kw_only=True):
     reason: str | None  # client: why, in words; server: the probe's words
     gap_s: float = 0.0  # recording gaps inside it: not counted in its duration
     duration_s: float
+    # the outage event it is a view of: the client's and /metrics' views of one failure
+    # (their spans overlap) share a number, counted once in `outage_events`
+    event: int = 0
 
 
 class Mttr(_Part, kw_only=True):
@@ -212,7 +215,8 @@ class SoakResult(_Part, kw_only=True):
     measured_requests: Measured | None = None  # None: an analysis before it (the whole run's)
     success_rate: float | None
     success_rate_during_outages: float | None
-    outages: list[OutageRecord]
+    outages: list[OutageRecord]  # each view of each outage: the client's, /metrics'
+    outage_events: int | None = None  # outages, each counted once whatever saw it
     mttr_s: Mttr
     outage_s: float | None = None  # None: an analysis from before these three
     availability: float | None = None

@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import os
-import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -26,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import psutil
 
 from loadgen.analysis.report import Report, soak_report, write_soak_report
 from loadgen.analysis.soak_result import Slope
 from loadgen.analysis.sweep import SweepPlan, find_knee, run_sweep
+from loadgen.eval.chaos import Chaos, listener_pid
+from loadgen.eval.dcgm_watch import DcgmWatch
 from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.plan import (
     FAULT_SETTLE_S,
@@ -44,8 +43,6 @@ from loadgen.eval.proxy import FaultProxy, FaultSchedule, fault_spans
 from loadgen.eval.results import (
     EVAL_FORMAT,
     BaselineFigures,
-    ChaosFigures,
-    Dcgm,
     EfficiencyAt,
     EfficiencyFigures,
     EvalState,
@@ -76,7 +73,6 @@ from loadgen.run.secrets import Secrets
 from loadgen.run.session import Session, SessionError
 from loadgen.run.sinks import ProgressLines
 from loadgen.run.summary import EXIT_UNUSABLE
-from probes.process import find_listener
 from probes.server_metrics import metrics_url_for
 
 Say = Callable[[str], None]
@@ -308,57 +304,6 @@ async def baseline(ev: Eval) -> PhaseResult:
     ), str(run_dir))
 
 
-class DcgmWatch:
-    """--dcgm-url through the baseline: SM, tensor-pipe and DRAM activity (the means over the
-    measured part, every DCGM_EVERY_S) and the energy its counters say was used, or why
-    there is none (no --dcgm-url, the exporter not answering, the fields not exported)."""
-
-    def __init__(self, url: str | None, warmup_s: float) -> None:
-        self.url = url
-        self.warmup_s = warmup_s
-        self.samples: list = []
-        self.error: str | None = None if url else "no --dcgm-url"
-
-    async def run(self) -> None:
-        if self.url is None:
-            return
-        import aiohttp
-
-        from probes.dcgm import DcgmProbe
-
-        async with aiohttp.ClientSession() as session:
-            probe = DcgmProbe(self.url, session)
-            await asyncio.sleep(self.warmup_s)
-            while True:
-                got = await probe.sample()
-                if got.ok:
-                    self.samples.append(got.gpus)
-                else:
-                    self.error = got.error
-                await asyncio.sleep(DCGM_EVERY_S)
-
-    def result(self, output_tok_s: float | None, seconds: float) -> Dcgm:
-        from probes.dcgm import energy_between
-
-        if not self.samples:
-            return Dcgm(why=self.error or "no sample")
-        out: dict[str, Any] = {}
-        for field_name in ("sm_active", "tensor_active", "dram_active"):
-            values = [getattr(g, field_name) for gpus in self.samples for g in gpus
-                      if getattr(g, field_name) is not None]
-            out[field_name] = sum(values) / len(values) if values else None
-        joules = energy_between(self.samples[0], self.samples[-1])
-        span = DCGM_EVERY_S * (len(self.samples) - 1)
-        out["tokens_per_joule"] = (output_tok_s * span / joules
-                                   if joules and output_tok_s and span else None)
-        why = "" if any(v is not None for v in out.values()) else \
-            "the exporter gives none of DCGM_FI_PROF_SM_ACTIVE, PIPE_TENSOR_ACTIVE, DRAM_ACTIVE"
-        return Dcgm(**out, why=why)
-
-
-DCGM_EVERY_S = 1.0
-
-
 async def ramp(ev: Eval) -> PhaseResult:
     p = ev.phases.ramp
     if not p.enabled:
@@ -446,7 +391,7 @@ async def faults(ev: Eval) -> PhaseResult:
         # by the URL's port would be this one); a finer tick dates each fault's effect
         cfg = _phase_cfg(ev, "faults", url=proxy.url_for(ev.url), duration=seconds,
                          warmup=0.0, metrics_url=ev.cfg.metrics_url or metrics_url_for(ev.url),
-                         server_pid=ev.cfg.server_pid or _listener_pid(port),
+                         server_pid=ev.cfg.server_pid or listener_pid(port),
                          tick=min(ev.cfg.tick, FAULT_TICK_S), **_baseline_load(ev))
         tasks = [asyncio.create_task(proxy.run_schedule(schedule))]
         if chaos is not None and kill_at is not None:
@@ -475,66 +420,6 @@ async def faults(ev: Eval) -> PhaseResult:
 FAULT_TICK_S = 0.25  # the faults phase's tick: a fault's effect dated within a quarter second
 CHAOS_AFTER_S = 5.0  # the server is killed this long after the network faults end
 CHAOS_WINDOW_S = 20.0  # load after the kill: the restart and the first success after it
-
-
-class Chaos:
-    """--chaos-restart-cmd: the server process (the one listening on the target's port) is
-    killed (SIGKILL) and CMD is run, in a shell of its own, to start it again. MTTR is from
-    the kill to the first request that succeeds after it. The command's text is not kept:
-    it may hold credentials."""
-
-    def __init__(self, cmd: str | None, port: int) -> None:
-        self.cmd = cmd
-        self.port = port
-        self.killed_at: float | None = None
-        self.pid: int | None = None
-        self.why = ""
-        self.restart: asyncio.subprocess.Process | None = None
-
-    async def run(self, at: float) -> None:
-        await asyncio.sleep(at)
-        pid = _listener_pid(self.port)
-        if pid is None or pid in _own_family():
-            self.why = (f"nothing to kill: no process of ours may be killed, and none other "
-                        f"listens on port {self.port}")
-            return
-        self.pid = pid
-        self.killed_at = time.time()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        self.restart = await asyncio.create_subprocess_shell(
-            self.cmd or "", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
-
-    def result(self, run_dir: Path) -> ChaosFigures:
-        if self.killed_at is None:
-            return ChaosFigures(killed=False, why=self.why or "the run ended before the kill")
-        first = None
-        prev = None
-        for snap in iter_snapshots(run_dir):
-            # the first tick wholly after the kill with a success in it: the success came
-            # between its start and its end (a tick holding the kill counts what finished
-            # before it too)
-            if first is None and prev is not None and prev.t >= self.killed_at and (
-                    snap.counters.requests_ok > prev.counters.requests_ok):
-                first = (prev.t + snap.t) / 2
-            prev = snap
-        rc = self.restart.returncode if self.restart is not None else None
-        return ChaosFigures(
-            killed=True, pid=self.pid, killed_at=self.killed_at,
-            mttr_s=None if first is None else round(first - self.killed_at, 3),
-            restart_exit=rc, why="" if first is not None else "no success after the kill")
-
-
-def _listener_pid(port: int) -> int | None:
-    proc = find_listener(port)
-    return proc.pid if proc is not None else None
-
-
-def _own_family() -> set[int]:
-    """This process and its ancestors: never the one to kill."""
-    me = psutil.Process()
-    return {me.pid, *(p.pid for p in me.parents())}
 
 
 def _plain(v: Any) -> Any:

@@ -342,3 +342,37 @@ class OutageTracker:
         if tick.stalled > 0 or (failed and failed > DEGRADED_ERROR_RATE * (ok + failed)):
             return "degraded"
         return "up"
+
+
+class OutageTally:
+    """The run's outages over its Snapshots, fed in order: the same tracker the live run and
+    the report use, so the summary's count, downtime and availability are theirs (the
+    outages the client saw; `tokentop report` also lists /metrics' view)."""
+
+    def __init__(self) -> None:
+        self.tracker = OutageTracker()
+        self.closed: list[Outage] = []
+        self._prev = Counters()
+
+    def add(self, snap: Snapshot) -> None:
+        for change in self.tracker.observe(Tick.between(self._prev, snap)):
+            if change.kind == "recovery" and change.outage is not None:
+                self.closed.append(change.outage)
+        self._prev = snap.counters
+
+    @property
+    def count(self) -> int:
+        """Outages seen, the one still going included."""
+        return len(self.closed) + (1 if self.tracker.outage_since is not None else 0)
+
+    def summary(self) -> dict:
+        """The summary's `stability` section."""
+        t = self.tracker
+        durations = [o.duration_s for o in self.closed]
+        return {
+            "outages": self.count,
+            "ongoing": t.outage_since is not None,
+            "downtime_s": round(t.outage_s, 3),
+            "availability": round(1.0 - t.outage_s / t.covered_s, 6) if t.covered_s else None,
+            "mttr_s": round(sum(durations) / len(durations), 3) if durations else None,
+        }

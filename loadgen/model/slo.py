@@ -3,7 +3,8 @@
 `--slo` mixes two kinds of limits. Per request (`ttft<500ms,tpot<50ms`): a request
 inside all of them is "good", and goodput is good requests per second; the worker
 judges each request with `Slo.met`. Whole run (`ttft_p99<1s`, `error_rate<0.1%`,
-`output_tok_s>1000`): each threshold passes or fails on a window's statistics; the
+`output_tok_s>1000`, and the stability of the whole run: `availability>99.9%`,
+`outages<1`): each threshold passes or fails on a window's statistics; the
 run's summary, the live watch (breach/recovery events), the auto-ramp, the soak
 report and the console's colours all judge with `Threshold.passes` / `holds`.
 Latencies are in µs everywhere here.
@@ -80,6 +81,9 @@ class Slos(msgspec.Struct, frozen=True):
 _LATENCIES = ("ttft", "itl", "tpot", "e2e")
 # the whole-run rates an SLO may name, and the unit each is shown in
 _RATES = {"req_s": "req/s", "output_tok_s": "tok/s", "goodput_req_s": "req/s"}
+# the whole run's stability (loadgen.model.outage): a share of the time, and a count
+_FRACTIONS = ("error_rate", "availability")
+_COUNTS = ("outages",)
 _STATS = ("p50", "p90", "p99", "p99.9", "max", "mean")
 _SLO_PART = re.compile(
     r"^\s*([a-z0-9_]+?)(?:_(" + "|".join(re.escape(s) for s in _STATS) + r"))?"
@@ -112,8 +116,11 @@ def parse_slos(text: str | None) -> Slos:
             per_request[f"{metric}_us"] = parse_us(value)
         elif metric in _LATENCIES:
             thresholds.append(Threshold(metric, stat, op, parse_us(value), part.strip()))
-        elif metric == "error_rate" and stat is None:
+        elif metric in _FRACTIONS and stat is None:
             thresholds.append(Threshold(metric, None, op, _read(units.parse_fraction, value),
+                                        part.strip()))
+        elif metric in _COUNTS and stat is None:
+            thresholds.append(Threshold(metric, None, op, _read(units.parse_whole, value),
                                         part.strip()))
         elif metric in _RATES and stat is None:
             thresholds.append(Threshold(metric, None, op, _read(units.parse_rate, value),
@@ -121,7 +128,7 @@ def parse_slos(text: str | None) -> Slos:
         else:
             raise SloError(f"unknown --slo metric in {part.strip()!r}: latencies "
                               f"{', '.join(_LATENCIES)} (optionally _p99 etc.), error_rate, "
-                              "req_s, output_tok_s, goodput_req_s")
+                              "req_s, output_tok_s, goodput_req_s, availability, outages")
     return Slos(Slo(**per_request) if per_request else None, thresholds)
 
 
@@ -141,12 +148,19 @@ def evaluate_thresholds(thresholds: list[Threshold], latency: dict[str, dict],
         out.append({
             "text": th.text, "metric": th.metric, "stat": th.stat, "op": th.op,
             "limit": th.value, "measured": measured,
-            "unit": "us" if th.stat is not None else ("fraction" if th.metric == "error_rate"
-                                                      else "per_s"),
+            "unit": _unit(th),
             "passed": th.passes(measured),
             "shown": _shown(th, measured),
         })
     return out
+
+
+def _unit(th: Threshold) -> str:
+    if th.stat is not None:
+        return "us"
+    if th.metric in _FRACTIONS:
+        return "fraction"
+    return "count" if th.metric in _COUNTS else "per_s"
 
 
 def _shown(th: Threshold, measured: float | None) -> str:
@@ -154,8 +168,10 @@ def _shown(th: Threshold, measured: float | None) -> str:
         return f"{th.text}: no data (fails)"
     if th.stat is not None:
         m = units.ms(measured)
-    elif th.metric == "error_rate":
+    elif th.metric in _FRACTIONS:
         m = units.pct(measured)
+    elif th.metric in _COUNTS:
+        m = units.count(measured)
     else:
         m = units.rate(measured, _RATES.get(th.metric, "/s"))
     return f"{th.text}: measured {m}"

@@ -44,6 +44,7 @@ import msgspec
 
 from loadgen.fleet.remote import LoadNow
 from loadgen.model.notice import Notice, Say
+from loadgen.model.outage import OutageTally
 from loadgen.model.slo import Slos
 from loadgen.model.snapshot import Control, Snapshot, SnapshotVersionError
 from loadgen.model.source import RunOutcome
@@ -106,6 +107,7 @@ class Session:
         self.json_path = json_path
         self.say = say or _log_say
         self.windows = SnapshotWindows()
+        self.outages = OutageTally()  # the summary's outages, by the one definition
         self.coord: Coordinator | None = None
         self.recording: Recording | None = None
         self.watch: Watch | None = None
@@ -190,6 +192,7 @@ class Session:
 
             for old in iter_snapshots(self.cfg.resume, warn=warn):
                 self.windows.add(old)
+                self.outages.add(old)
         cfg = self.cfg
         if cfg.publish is not None:  # its settings are checked before anything is created
             self.publish = Publish(cfg.publish, self.secrets.mqtt_password, self.say)
@@ -215,6 +218,7 @@ class Session:
         assert self.coord is not None and self.recording is not None and self.watch
         async for snap in self.coord.snapshots():
             self.windows.add(snap)
+            self.outages.add(snap)
             self.watch.observe(snap, self.windows)
             self.recording.take(snap)
             if self.recording.stop_load and self._recording_failed is None:
@@ -261,7 +265,8 @@ class Session:
         summary = build_summary(self.cfg, self.windows)
         summary["run_dir"] = str(self.recording.run_dir) if self.recording.run_dir else None
         summary["recording_error"] = self.recording.error
-        summary["thresholds"] = thresholds(self.cfg, self.windows)
+        summary["stability"] = self.outages.summary()
+        summary["thresholds"] = thresholds(self.cfg, self.windows, summary["stability"])
         for sink in self._started_sinks:
             sink.finish(summary)
         summary = self._fit_to_write(summary)

@@ -98,8 +98,10 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
     }
 
 
-def thresholds(cfg: RunConfig, windows: SnapshotWindows) -> list[dict]:
-    """The --slo whole-run thresholds judged on the run window (after warm-up)."""
+def thresholds(cfg: RunConfig, windows: SnapshotWindows,
+               stability: dict | None = None) -> list[dict]:
+    """The --slo whole-run thresholds judged on the run window (after warm-up); the
+    stability ones (`availability>99.9%`, `outages<1`) on the run's `stability`."""
     slos = parse_slos(cfg.slo)
     if not slos.thresholds:
         return []
@@ -107,6 +109,8 @@ def thresholds(cfg: RunConfig, windows: SnapshotWindows) -> list[dict]:
     good = (run.goodput_req_s or 0.0) * run.seconds
     rates = rates_from(run.requests_ok, run.requests_failed, round(good), run.output_tokens,
                        run.seconds)
+    if stability is not None:
+        rates |= {"availability": stability["availability"], "outages": stability["outages"]}
     return evaluate_thresholds(slos.thresholds, run.latency, rates)
 
 
@@ -229,11 +233,25 @@ def final_line(summary: dict) -> str:
     line = summary["exit"]["reason"]
     if parts:
         line += " | p50/p99 " + ", ".join(parts)
+    line += stability_text(summary.get("stability"))
     goodput = (summary.get("throughput") or {}).get("goodput_req_s")
     slo = (summary.get("config") or {}).get("slo")
     if goodput is not None and parse_slos(slo).per_request is not None:
         line += f" | goodput {units.rate(goodput, 'req/s')} within the --slo"
     return line
+
+
+def stability_text(stability: dict | None) -> str:
+    """The last line's word on outages: none, or how many, the time down, availability."""
+    if not stability:
+        return ""
+    n = stability["outages"]
+    if not n:
+        return " | no outage"
+    ongoing = ", one still going" if stability.get("ongoing") else ""
+    return (f" | {n} outage{'s' if n > 1 else ''}{ongoing}: down "
+            f"{units.duration(stability['downtime_s'])}, availability "
+            f"{units.pct(stability['availability'])}")
 
 
 def write_json(path: Path, summary: dict) -> None:

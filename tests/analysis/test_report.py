@@ -74,10 +74,14 @@ def test_report_on_a_torn_running_directory(tmp_path):
                           capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 3, proc.stderr  # error_rate<1% fails
     assert "Traceback" not in proc.stderr
-    assert "outages: 2" in proc.stdout
+    # one failure (connects refused and /metrics silent at once): one outage, two views
+    assert "outages: 1 (" in proc.stdout
     assert "FAIL error_rate<1%" in proc.stdout and "PASS ttft_p99<1s" in proc.stdout
     r = json.loads((rec.run_dir / "report.json").read_text())
     assert r["ticks"] == 60
+    assert r["outage_events"] == 1
+    assert sorted(o["kind"] for o in r["outages"]) == ["client", "server"]
+    assert {o["event"] for o in r["outages"]} == {1}
     assert any("incomplete" in w for w in r["warnings"])
     assert {o["kind"] for o in r["outages"]} == {"client", "server"}
     # 2 MB/s for a minute: start-up growth, not a leak, so no MB/h figure (test_soak has it)

@@ -315,3 +315,40 @@ async def test_one_error_at_a_low_rate_then_success_is_an_error_not_an_outage(tm
     assert [e for e in read_events(out) if e["kind"] in ("outage", "recovery")] == []
     report = analyze(snaps)
     assert report["outages"] == [] and report["availability"] == 1.0
+
+
+async def test_an_outage_is_in_the_last_line_and_fails_the_stability_slos(tmp_path):
+    """A 4 s outage of the simulator (its port really closed; the test times it at the
+    server): the last line names it, with its downtime and the availability, the summary
+    holds the same, and `--slo outages<1,availability>99.9%` fails the run (exit 3), so a
+    CI job can gate on it."""
+    out, summary_path = tmp_path / "run", tmp_path / "summary.json"
+    async with running_sim() as sim:
+        proc = await start_headless(out, url=sim.url, mode="open", rate=20, arrival="constant",
+                                    duration=9.0, output_tokens="8", input_tokens="8",
+                                    request_timeout=5.0, slo="outages<1,availability>99.9%",
+                                    json=summary_path)
+        await wait_until(lambda: len(snapshot_lines(out)) >= 8, 20, "eight ticks recorded")
+        began = time.time()
+        async with aiohttp.ClientSession() as s, s.post(
+                f"{sim.url.removesuffix('/v1')}/sim/faults", json={"outage_s": 4.0}) as r:
+            assert r.status == 200, await r.text()
+        ended = await wait_until(lambda: not sim.server.outage_active, 10,
+                                 "the simulator listens again", poll=0.005)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 3, err.decode()
+    last = err.decode().strip().splitlines()[-1]
+    summary = json.loads(summary_path.read_text())
+    stability = summary["stability"]
+    assert stability["outages"] == 1 and not stability["ongoing"]
+    # the downtime as the server had it, to a couple of ticks
+    assert abs(stability["downtime_s"] - (ended - began)) <= 2 * TICK + 0.1, stability
+    assert 0 < stability["availability"] < 0.999
+    assert last.startswith("tokentop: threshold failed: outages<1: measured 1"), last
+    assert "| 1 outage: down " in last and "availability " in last, last
+    assert [t["passed"] for t in summary["thresholds"]] == [False, False]
+    # the report of the recording says the same of the client's outages
+    report = analyze(iter_snapshots(out))
+    assert abs(report["availability"] - stability["availability"]) < 1e-6
+    (o,) = client_outages(report)
+    assert abs(o["duration_s"] - stability["downtime_s"]) < 1e-6
