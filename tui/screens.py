@@ -8,7 +8,7 @@ and only while they are on top.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol, cast
 
 import msgspec
 from textual.app import ComposeResult
@@ -26,12 +26,14 @@ from tui.view import View
 from tui.widgets.header_bar import HeaderBar
 from tui.widgets.latency_panel import ROWS, WINDOW_NAMES
 
-if TYPE_CHECKING:
-    from tui.app import TokentopApp
-
-
 # ------------------------------------------------------------------------- input modal
 
+
+
+class _Redraws(Protocol):
+    """The app a detail screen lives in (tui.app.TokentopApp): it redraws on demand."""
+
+    def redraw_now(self) -> None: ...
 
 class InputModal(ModalScreen[str | None]):
     """One line of input; `check(text)` returns an error to show (and keep asking) or None."""
@@ -159,8 +161,7 @@ class DetailScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one("#detail-scroll").focus()
-        app: TokentopApp = self.app  # type: ignore[assignment]
-        app.redraw_now()
+        cast(_Redraws, self.app).redraw_now()
 
     def draw(self, view: View | None) -> None:
         """Redraw from the app's view of this refresh (None: no Snapshot yet)."""

@@ -341,6 +341,7 @@ def _triton(engine: BatchModel, _scrape: Scrape) -> str:
     return out.text()
 
 
+# one renderer for each dialect SimConfig accepts (loadgen.sim.model.DIALECTS)
 _RENDERERS = {
     "vllm": _vllm,
     "sglang": _sglang,
@@ -349,6 +350,3 @@ _RENDERERS = {
     "trtllm": _trtllm,
     "triton": _triton,
 }
-
-# The dialects the simulator can speak (SimConfig checks `metrics_dialect` against them).
-DIALECTS = tuple(_RENDERERS)

@@ -21,20 +21,29 @@ import itertools
 import random
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from aiohttp import web
 
 from loadgen.sim.chunks import SSE_HEADERS, ChunkWriter, stamp
 from loadgen.sim.metrics import EngineMetrics
-from loadgen.sim.model import DONE, ContextLengthError, Sequence, SimConfig
+from loadgen.sim.model import DONE, BatchModel, ContextLengthError, Sequence, SimConfig
 from loadgen.sim.request import CompletionRequest, error_response
 
-if TYPE_CHECKING:
-    from loadgen.sim.server import SimServer
+
+class Serving(Protocol):
+    """What the exact-timing path needs of the server (loadgen.sim.server.SimServer)."""
+
+    engine: BatchModel
+    cfg: SimConfig
+
+    def writer(self, req: CompletionRequest, seq: Sequence, *, chat: bool) -> ChunkWriter: ...
+
+    async def whole(self, req: CompletionRequest, seq: Sequence, *,
+                    chat: bool) -> web.Response: ...
 
 
-async def respond_exact(server: SimServer, request: web.Request, req: CompletionRequest,
+async def respond_exact(server: Serving, request: web.Request, req: CompletionRequest,
                         arrived: float, *, chat: bool) -> web.StreamResponse:
     """Fixed TTFT and ITL by deadline, every chunk stamped; `arrived`: the loop's clock
     when the request came in, which every deadline counts from."""

@@ -22,7 +22,6 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from loadgen.sim.dialects import DIALECTS
 from loadgen.sim.faults import FaultConfig, Faults
 from loadgen.sim.metrics import EngineMetrics
 
@@ -32,6 +31,10 @@ MIB = 1024**2
 # A stall this long (event-loop lag) is not caught up with: the schedule restarts from now
 # rather than running a burst of zero-length steps.
 MAX_CATCH_UP_S = 0.05
+
+
+# The engines whose /metrics the simulator can speak (loadgen.sim.dialects renders each).
+DIALECTS = ("vllm", "sglang", "tgi", "llamacpp", "trtllm", "triton")
 
 
 @dataclass

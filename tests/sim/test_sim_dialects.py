@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import FIXTURES
 
 from loadgen.sim import SimConfig, start_sim
-from loadgen.sim.dialects import DIALECTS
+from loadgen.sim.model import DIALECTS
 from loadgen.worker.client import StreamingClient
 from loadgen.worker.interval import IntervalRecorder
 from probes.server_metrics import parse_metrics
@@ -139,3 +139,9 @@ def test_llamacpp_dialect_looks_like_the_capture() -> None:
 def _started(engine):
     engine.now = lambda: 0.0
     return engine
+
+
+def test_every_dialect_the_config_accepts_has_a_renderer():
+    from loadgen.sim import dialects
+
+    assert tuple(dialects._RENDERERS) == DIALECTS

@@ -477,8 +477,7 @@ def add_sim_arguments(parser: argparse.ArgumentParser, *, listen: bool = True) -
 
 
 def _add_model_arguments(g: argparse._ArgumentGroup) -> None:
-    from loadgen.sim.dialects import DIALECTS
-    from loadgen.sim.model import SimConfig
+    from loadgen.sim.model import DIALECTS, SimConfig
 
     d = SimConfig()
 
