@@ -266,5 +266,5 @@ async def resolve_lengths(session: aiohttp.ClientSession, base_url: str, model: 
         return Lengths(note=f"lengths approx. (the server's {endpoint}: {why})")
     return Lengths(source="server", words=words, note=(
         f"lengths exact (the server's {endpoint}; asked lengths exclude the chat template and "
-        "special tokens; tokens per chunk from the server's usage, else spread by text length "
+        "special tokens; tokens per chunk from the server's usage, else split by their text "
         "(est.): a local --tokenizer PATH counts them)"))

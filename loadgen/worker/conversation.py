@@ -13,8 +13,10 @@ turn that did not complete (a user whose answer never came cannot go on with it)
 next request starts a new conversation.
 
 The asked prompt length of turn n is the history's: the user messages' asked lengths plus
-the replies' output tokens as the server counted them (the chat template excluded, as for
-single requests), so `input_per_request` compares it with the server's count as ever.
+the replies' answer tokens (the server's output count less its reasoning tokens: a
+reasoning model's reasoning is not sent back, only its answer's text), the chat template
+excluded as for single requests, so `input_per_request` compares it with the server's
+count as ever.
 
 A turn in flight (Turn) is what its request measured, so it lives with the measure in
 loadgen.worker.stream_measure.
@@ -55,5 +57,5 @@ class Conversation:
             self.reset()
             return
         self.messages.append({"role": "assistant", "content": "".join(turn.reply)})
-        self.asked += turn.completion_tokens
+        self.asked += turn.answer_tokens
 

@@ -20,8 +20,8 @@ and the mapping of the SDK's exceptions.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 import msgspec
 import openai
@@ -30,8 +30,19 @@ from loadgen.model.slo import Slo
 from loadgen.worker.client import http_error
 from loadgen.worker.envelope import RequestEnvelope
 from loadgen.worker.interval import IntervalRecorder
-from loadgen.worker.sse import Choice, Chunk, Delta, Usage
+from loadgen.worker.sse import (
+    Choice,
+    Chunk,
+    CompletionDetails,
+    Delta,
+    PromptDetails,
+    Timings,
+    Usage,
+)
 from loadgen.worker.stream_measure import StreamMeasure
+
+if TYPE_CHECKING:
+    from loadgen.worker.tokenizer import ChunkTokens
 
 # fields the SDK does not know; they travel in extra_body as the servers expect
 _EXTRA = ("ignore_eos", "min_tokens")  # not the SDK's own parameters: sent in extra_body
@@ -49,7 +60,7 @@ class OpenAIClient(RequestEnvelope[tuple[dict, dict | None]]):
         timeout: float = 600.0,
         slo: Slo | None = None,
         calibrate: bool = False,
-        chunk_tokens: Callable[[Chunk], int] | None = None,
+        chunk_tokens: ChunkTokens | None = None,
     ) -> None:
         super().__init__(rec, timeout=timeout, slo=slo, calibrate=calibrate,
                          chunk_tokens=chunk_tokens)
@@ -121,7 +132,10 @@ class OpenAIClient(RequestEnvelope[tuple[dict, dict | None]]):
 
 
 def _as_chunk(sdk_chunk) -> Chunk:
-    """The SDK's chunk object as our Chunk (the fields the measurement needs)."""
+    """The SDK's chunk object as our Chunk: every field the raw client's decoder takes
+    (loadgen.worker.sse.Chunk), so that both clients measure the same. The SDK keeps the
+    fields it does not know (`reasoning_content`, llama.cpp's `timings`, the simulator's
+    stamp) in model_extra; a chunk with an `error` never comes here (the SDK raises)."""
     choices = []
     for c in sdk_chunk.choices or ():
         delta = getattr(c, "delta", None)
@@ -132,9 +146,24 @@ def _as_chunk(sdk_chunk) -> Chunk:
                       reasoning=extra.get("reasoning"))
         choices.append(Choice(delta=d, text=getattr(c, "text", None),
                               finish_reason=c.finish_reason))
-    u = sdk_chunk.usage
-    usage = None
-    if u is not None:
-        usage = Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens)
-    sent = (getattr(sdk_chunk, "model_extra", None) or {}).get("tokentop_sent_ns")
-    return Chunk(choices=choices, usage=usage, tokentop_sent_ns=sent)
+    extra = getattr(sdk_chunk, "model_extra", None) or {}
+    timings = extra.get("timings")
+    return Chunk(choices=choices, usage=_as_usage(sdk_chunk.usage),
+                 timings=Timings(cache_n=timings.get("cache_n"))
+                 if isinstance(timings, dict) else None,
+                 tokentop_sent_ns=extra.get("tokentop_sent_ns"))
+
+
+def _as_usage(u) -> Usage | None:
+    """The SDK's CompletionUsage as our Usage, its details included (cached prompt tokens,
+    reasoning tokens)."""
+    if u is None:
+        return None
+    prompt = getattr(u, "prompt_tokens_details", None)
+    completion = getattr(u, "completion_tokens_details", None)
+    return Usage(
+        prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+        prompt_tokens_details=None if prompt is None
+        else PromptDetails(cached_tokens=getattr(prompt, "cached_tokens", None)),
+        completion_tokens_details=None if completion is None
+        else CompletionDetails(reasoning_tokens=getattr(completion, "reasoning_tokens", None)))

@@ -134,22 +134,27 @@ class Chunk(msgspec.Struct):
                 return True
         return False
 
-    def text_len(self) -> int:
-        """Characters of generated text in this chunk (0: no text), for spreading a final
-        token count over chunks that carried several tokens each."""
-        n = 0
-        for c in self.choices:
-            if c.text:
-                n += len(c.text)
+    def text(self) -> str:
+        """The generated text this chunk carries ("" for none): a completion's text, the
+        answer and the reasoning. The reasoning is one field's: a server that keeps the old
+        `reasoning` as an alias of `reasoning_content` sends the same text in both, and it
+        was generated once (`reasoning_content` is taken when both are there)."""
+        choices = self.choices
+        if len(choices) == 1:  # the common case: one choice, one field
+            c = choices[0]
             d = c.delta
-            if d is not None:
-                if d.content:
-                    n += len(d.content)
-                if d.reasoning_content:
-                    n += len(d.reasoning_content)
-                if d.reasoning:
-                    n += len(d.reasoning)
-        return n
+            if d is None:
+                return c.text or ""
+            if c.text is None and (d.reasoning_content or d.reasoning) is None:
+                return d.content or ""
+        return "".join(_choice_text(c) for c in choices)
+
+
+def _choice_text(c: Choice) -> str:
+    d = c.delta
+    if d is None:
+        return c.text or ""
+    return (c.text or "") + (d.reasoning_content or d.reasoning or "") + (d.content or "")
 
 
 chunk_decoder = msgspec.json.Decoder(Chunk)

@@ -6,8 +6,8 @@ else. Metric definitions are the README's ("What is measured"):
 
 * TTFT: request sent → first chunk that carries text (a role-only chunk does not count);
 * ITL: per token; a chunk that carried k tokens is k gaps of gap/k (k from continuous usage,
-  else from a local tokenizer, else the final usage spread over the chunks by text length,
-  see StreamMeasure);
+  else from a local tokenizer, else the final usage split over the chunks in proportion to
+  their text's pieces, else one a chunk, marked estimated: see StreamMeasure);
 * ICL: the raw gap between text-bearing chunks;
 * TPOT: (last token − first token) / (output tokens − 1), per request;
 * E2E: request sent → last text-bearing chunk;
@@ -30,30 +30,36 @@ loadgen.worker.envelope.
 
 from __future__ import annotations
 
+import re
 from array import array
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
 from loadgen.model.slo import Slo
 from loadgen.worker.interval import IntervalRecorder
-from loadgen.worker.sse import DONE, Chunk, SseParser, chunk_decoder
+from loadgen.worker.sse import DONE, SseParser, chunk_decoder
+
+if TYPE_CHECKING:  # the tokenizers library loads only where a tokenizer is asked for
+    from loadgen.worker.tokenizer import ChunkTokens
 
 US = 1e6
 
 
 class Turn:
     """One turn of a conversation in flight: its number (1 for a conversation's first), and
-    what its measure filled in: the reply's text, whether it completed, its output tokens."""
+    what its measure filled in: the reply's text (its answer: the reasoning does not go back
+    into the history), whether it completed, and that answer's tokens (the output tokens
+    less the reasoning tokens)."""
 
-    __slots__ = ("completion_tokens", "number", "ok", "reply")
+    __slots__ = ("answer_tokens", "number", "ok", "reply")
 
     def __init__(self, number: int) -> None:
         self.number = number
         self.reply: list[str] = []
         self.ok = False
-        self.completion_tokens = 0
+        self.answer_tokens = 0
 
 
 class StreamMeasure:
@@ -66,12 +72,14 @@ class StreamMeasure:
 
     The stream has continuous usage iff its first text chunk carries
     `usage.completion_tokens`; then ITL is recorded live, k gaps of gap/k. Without it, and
-    with a local tokenizer (`chunk_tokens`, loadgen.worker.tokenizer), k is the tokenizer's
-    count of the chunk's text, and ITL is recorded live as well (counted, not estimated).
+    with a local tokenizer (`chunk_tokens`, loadgen.worker.tokenizer), k is the tokens the
+    chunk's text adds to the stream's text by the tokenizer's count (so they add up to its
+    count of the whole text), and ITL is recorded live as well (counted, not estimated).
     Without either a chunk may still carry several tokens (and a usage that shows up on a
-    later chunk is the final count, not that chunk's share), so the chunk gaps and text
-    lengths are buffered and ITL is recorded when the stream ends, the final count spread
-    by text length.
+    later chunk is the final count, not that chunk's share), so the chunk gaps and the
+    pieces of their text (`pieces`) are buffered and ITL is recorded when the stream ends:
+    the final count split over the chunks in proportion to their pieces, in whole tokens
+    (`split_tokens`), estimated; with no final count, one token a chunk, estimated too.
 
     `end()` records what was measured, however the stream ended (idempotent): the buffered
     ITL and the correction by the usage, if any came. `finish()` calls it; the client must
@@ -90,10 +98,12 @@ class StreamMeasure:
         "continuous",
         "count_tokens",
         "counted",
+        "debt",
         "done",
         "ended",
         "first",
         "gaps",
+        "held",
         "k_total",
         "last",
         "lens",
@@ -125,17 +135,22 @@ class StreamMeasure:
         slo: Slo | None = None,
         t0_wall_ns: int | None = None,
         cancel_after_tokens: int | None = None,
-        chunk_tokens: Callable[[Chunk], int] | None = None,
+        chunk_tokens: ChunkTokens | None = None,
         asked_out: int = 0,
         turn: Turn | None = None,
     ) -> None:
         self.rec = rec
         self.asked_out = asked_out  # the output length asked exactly (0: none asked)
         self.turn = turn  # a conversation's turn (ConversationMeasure fills it), else None
-        # a local tokenizer's count of a chunk's tokens (None: none loaded); used only when
-        # the stream turns out to have no per-chunk usage (`counted`)
-        self.count_tokens = chunk_tokens
+        # a local tokenizer's count of the tokens each chunk adds to this stream's text (None:
+        # none loaded, or one that cannot count chunks); used only when the stream turns
+        # out to have no per-chunk usage (`counted`)
+        self.count_tokens = chunk_tokens.stream() if chunk_tokens is not None else None
         self.counted = False
+        # counted: tokens a chunk's text took back (a count below one, carried to the next
+        # chunk) and the gap µs of such chunks, which runs on to the next one's
+        self.debt = 0
+        self.held = 0.0
         self.cancel_after_tokens = cancel_after_tokens  # a user who stops reading
         self.t0 = t0
         self.seen = t0
@@ -146,11 +161,12 @@ class StreamMeasure:
         self.t0_wall_ns = t0_wall_ns
         self.parser = SseParser()
         self.first = self.last = 0.0
-        self.k_total = 0  # tokens counted so far (continuous usage, else one per text chunk)
+        # tokens counted so far (continuous usage, else the tokenizer's, else one a text chunk)
+        self.k_total = 0
         self.chunks = 0
         self.continuous = False  # decided by the first text chunk
-        # without continuous usage: the gaps after the first text chunk (µs) and the text
-        # length of every text chunk, the first's included
+        # without continuous usage or a tokenizer: the gaps after the first text chunk (µs)
+        # and the pieces of every text chunk's text, the first's included
         self.gaps = array("d")
         self.lens = array("d")
         self.usage_out: int | None = None
@@ -199,15 +215,14 @@ class StreamMeasure:
         return self._chunk(chunk, now)
 
     def _chunk(self, chunk, now: float) -> bool:
-        # size: whether there is text (continuous usage), its tokens by the tokenizer
-        # (counted, and the first chunk when there is a tokenizer), else its length (tokens
-        # counted one a chunk, spread by text length at the end)
+        # size: whether there is text (continuous usage), else the text's length (its tokens
+        # are the tokenizer's count, or its pieces for the split at the end)
         if self.continuous:
             size = chunk.has_text()
-        elif self.count_tokens is not None:
-            size = self.count_tokens(chunk)
+            text = ""
         else:
-            size = chunk.text_len()
+            text = chunk.text()
+            size = len(text)
         k = 1
         usage = chunk.usage
         if usage is not None:
@@ -240,20 +255,17 @@ class StreamMeasure:
                 rec.itl_v.append(gap / k)
                 rec.itl_w.append(k)
                 rec.usage_tokens += k
-            elif self.counted:  # the tokenizer's count of this chunk's text
-                k = size
-                rec.itl_v.append(gap / k)
-                rec.itl_w.append(k)
-                rec.usage_tokens += k
+            elif self.counted:
+                k = self._counted(text, gap)
             else:  # how many tokens it carried is known at the end only
                 self.gaps.append(gap)
-                self.lens.append(size)
+                self.lens.append(pieces(text))
                 rec.chunk_tokens += 1
             if chunk.tokentop_sent_ns is not None and self.sent_ns is not None:
                 true_gap = (chunk.tokentop_sent_ns - self.sent_ns) / 1e3
                 rec.itl_err.append(abs(gap - true_gap))
         else:
-            k = self._first(chunk, now, size, k)
+            k = self._first(chunk, now, text, k)
         if self.thinking:
             self._reasoning(chunk, now, k)
         self.chunks += 1
@@ -266,7 +278,26 @@ class StreamMeasure:
             return False
         return True
 
-    def _first(self, chunk, now: float, size: int, k: int) -> int:
+    def _counted(self, text: str, gap: float) -> int:
+        """A chunk's tokens by the tokenizer (what its text adds to the stream's count) and
+        its ITL, k gaps of gap/k. A count below one (the text merged into the tokens before
+        it) records no gap: it is carried, and its gap runs on to the next chunk's."""
+        k = self.count_tokens(text) + self.debt
+        if k < 1:
+            self.debt = k
+            self.held += gap
+            return 0
+        self.debt = 0
+        if self.held:
+            gap += self.held
+            self.held = 0.0
+        rec = self.rec
+        rec.itl_v.append(gap / k)
+        rec.itl_w.append(k)
+        rec.usage_tokens += k
+        return k
+
+    def _first(self, chunk, now: float, text: str, k: int) -> int:
         """The first text chunk (k tokens): TTFT, and whether the stream has continuous
         usage, else whether a tokenizer counts its chunks. Returns the chunk's tokens."""
         rec = self.rec
@@ -274,7 +305,11 @@ class StreamMeasure:
         self.continuous = usage is not None and usage.completion_tokens is not None
         self.counted = not self.continuous and self.count_tokens is not None
         if self.counted:
-            k = size  # the tokenizer's count of this chunk
+            # the tokenizer's count; at least one (the server sent the first token), what it
+            # counted less carried to the next chunk
+            counted = self.count_tokens(text)
+            k = max(1, counted)
+            self.debt = counted - k
         # once a request, not per chunk: does the stream begin by reasoning?
         self.thinking = not chunk.has_answer()
         self.first = now
@@ -289,7 +324,7 @@ class StreamMeasure:
         if self.continuous or self.counted:
             rec.usage_tokens += k
         else:
-            self.lens.append(size)
+            self.lens.append(pieces(text))
             rec.chunk_tokens += k
         return k
 
@@ -312,15 +347,16 @@ class StreamMeasure:
             return None
         if self.continuous or self.counted or self.usage_out is None or not self.lens:
             return min(self.reasoning_k, out), True
-        # one a chunk, corrected by a final count: the reasoning chunks' share by text length
-        lens = np.frombuffer(self.lens, np.float64)
-        cut = self.answer_at or len(lens)
-        return min(out, round(out * float(lens[:cut].sum() / lens.sum()))), True
+        # one a chunk, corrected by a final count: the reasoning chunks' tokens of its split
+        cut = self.answer_at or len(self.lens)
+        return min(out, int(self._split(out)[:cut].sum())), True
 
-    def _count_reasoning(self, out: int) -> None:
+    def _count_reasoning(self, out: int) -> int:
+        """The reasoning / answer split of `out` output tokens, counted; returns the
+        reasoning tokens (0: none)."""
         split = self._reasoning_tokens(out)
         if split is None:
-            return
+            return 0
         reasoning, counted = split
         c = self.rec.counters
         c.reasoning_requests += 1
@@ -328,6 +364,7 @@ class StreamMeasure:
         c.answer_tokens += out - reasoning
         if counted:
             c.estimated_reasoning_tokens += reasoning
+        return reasoning
 
     def end(self) -> None:
         """The stream is over, however it ended: correct the token count by the usage if
@@ -346,24 +383,31 @@ class StreamMeasure:
 
     def _buffered_itl(self, n: int | None) -> None:
         """ITL of a stream without per-chunk usage, from its final count `n` (None: none
-        came). One token a chunk when that is what the count says, or when there is none."""
+        came): one token a chunk where the count says so, and, estimated, where there is
+        none; else the count split over the chunks by their pieces (`split_tokens`)."""
         rec = self.rec
         gaps = self.gaps
         chunks = len(self.lens)
         if n is None or n < 1 or n == chunks:
             rec.itl_v.extend(gaps)
             rec.itl_w.extend(_ONE * len(gaps))
+            if n != chunks:  # no count: one a chunk is a guess (ITL too high if it is wrong)
+                rec.counters.estimated_itl_tokens += len(gaps)
             return
-        lens = np.frombuffer(self.lens, np.float64)
-        share = lens / lens.sum()
-        # More tokens than chunks: every text chunk carried at least one (so no per-token gap
-        # exceeds its chunk's gap) and the tokens beyond one a chunk go by text length.
-        # Fewer (a token split over chunks): the count itself goes by text length.
-        k = 1.0 + (n - chunks) * share if n > chunks else n * share
-        k = k[1:]  # the first chunk's share is the TTFT chunk's, not a gap
-        rec.itl_v.frombytes((np.frombuffer(gaps, np.float64) / k).tobytes())
+        k = self._split(n)[1:]  # the first chunk's tokens are the TTFT chunk's, not a gap
+        g = np.frombuffer(gaps, np.float64)
+        if k.min() < 1:
+            # fewer tokens than chunks: a chunk given none passes its gap on to the next one
+            # that has a token (so time is neither lost nor counted twice)
+            has = k >= 1
+            g = np.diff(np.cumsum(g)[has], prepend=0.0)
+            k = k[has]
+        rec.itl_v.frombytes((g / k).tobytes())
         rec.itl_w.frombytes(k.tobytes())
-        rec.counters.estimated_itl_tokens += round(float(k.sum()))
+        rec.counters.estimated_itl_tokens += int(k.sum())
+
+    def _split(self, n: int) -> np.ndarray:
+        return split_tokens(n, np.frombuffer(self.lens, np.float64))
 
     def finish(self) -> None:
         """The body ended cleanly: count the request as ok, or say what was wrong."""
@@ -380,8 +424,9 @@ class StreamMeasure:
         c.chunks += self.chunks
         out = self.usage_out if self.usage_out is not None else self.k_total
         c.completed_output_tokens += out
+        reasoning = 0
         if self.reasoning_k or self.usage_reasoning:
-            self._count_reasoning(out)
+            reasoning = self._count_reasoning(out)
         prompt = self.usage_in
         if prompt is not None:
             c.input_tokens += prompt
@@ -401,7 +446,7 @@ class StreamMeasure:
         rec.e2e.append(e2e)
         ttft = (self.first - self.t0) * US
         if self.turn is not None:
-            self._count_turn(ttft, prompt, out)
+            self._count_turn(ttft, prompt, out - reasoning)
         if self.t_intended is not None:
             # open loop: the user waited from the intended send time (coordinated omission)
             e2e = (self.last - self.t_intended) * US
@@ -414,9 +459,9 @@ class StreamMeasure:
         if self.slo is not None and self.slo.met(ttft, tpot, e2e):
             c.requests_good += 1
 
-    def _count_turn(self, ttft: float, prompt: int, out: int) -> None:
+    def _count_turn(self, ttft: float, prompt: int, answer: int) -> None:
         """A conversation's turn completed: its row of the per-turn counters, and what the
-        conversation needs to go on (the reply's tokens)."""
+        conversation needs to go on (the tokens of the reply that goes back: its answer)."""
         turn = self.turn
         row = self.rec.counters.turn(turn.number)
         row.requests += 1
@@ -424,7 +469,7 @@ class StreamMeasure:
         row.input_tokens += prompt
         row.cached_tokens += self.usage_cached or 0
         turn.ok = True
-        turn.completion_tokens = out
+        turn.answer_tokens = answer
 
     def _tail(self) -> str:
         pending = self.parser.pending
@@ -453,3 +498,40 @@ class ConversationMeasure(StreamMeasure):
 
 
 _ONE = array("d", [1.0])
+
+# A text's pieces, as a byte-level BPE pre-splits it (GPT-2's pattern, digits in threes as
+# Llama 3 groups them): a run of letters, of up to three digits or of other symbols, each
+# with the space before it, or a run of whitespace. A token almost never spans two pieces,
+# and most words are one token, so pieces follow a chunk's tokens far closer than its
+# characters do (a chunk of one long word is one token, of two short ones two).
+_PIECE = re.compile(r" ?(?:[^\W\d_]+|\d{1,3}|[^\w\s]+|_+)|\s+")
+
+
+def pieces(text: str) -> int:
+    """Pieces of a chunk's text (at least one: a text chunk carries a token)."""
+    return len(_PIECE.findall(text)) or 1
+
+
+def split_tokens(n: int, sizes: np.ndarray) -> np.ndarray:
+    """`n` tokens split over chunks in proportion to their sizes, in whole tokens that add
+    up to n exactly (each chunk its quota's floor, the tokens left to the largest
+    remainders): no chunk is pulled toward the mean, and whole tokens record no fraction a
+    histogram bucket would round. Every chunk carries at least one where n allows (a text
+    chunk carries a token), the first always (the first token); a chunk raised to that
+    minimum is paid for by the chunks furthest over their quota."""
+    quota = n * sizes / sizes.sum()
+    k = np.floor(quota)
+    least = np.full(len(k), 1.0 if n >= len(k) else 0.0)
+    least[0] = 1.0
+    np.maximum(k, least, out=k)
+    left = n - int(k.sum())
+    rem = quota - k
+    if left > 0:
+        k[np.argsort(-rem, kind="stable")[:left]] += 1
+    while left < 0:
+        over = np.flatnonzero(k > least)
+        take = over[np.argsort(rem[over], kind="stable")[:-left]]
+        k[take] -= 1
+        rem[take] += 1
+        left += len(take)
+    return k

@@ -10,9 +10,16 @@ Two things need a tokenizer, and both are built here:
   request. `one_token_words` finds them through any counting function (the local
   tokenizer, or the server's /tokenize: a few hundred calls at most, once at start) and
   checks the sum on sample prompts before it trusts it.
-* tokens per chunk (`ChunkTokens`) when the server sends no per-chunk usage: each chunk's
-  text is encoded once and its count cached, so a repeated text (the common case: one
-  token a chunk) costs a dict lookup.
+* tokens per chunk (`ChunkTokens`) when the server sends no per-chunk usage: a chunk's
+  tokens are the running difference of the stream's text, tokens(text so far + chunk) −
+  tokens(text so far), so that they add up over a stream to the tokenizer's count of its
+  whole text. Counting a chunk alone does not: a SentencePiece layout (Llama 2, Mistral)
+  prepends "▁" to every text it encodes, so " lorem" alone is two tokens and one after
+  other text; a piece of a word alone is not the piece it is after the word's start. The
+  text so far is a window of its last characters (WINDOW_KEEP..WINDOW_MAX), which bounds
+  the cost: a token's boundaries depend on the text around it only. `chunk_check` tries
+  the counting once at start (a one-token word after a space counts one); a tokenizer
+  that fails it does not count chunks (the spread estimate, marked est., stands in).
 
 The asked length is the prompt's own tokens: neither the chat template's tokens nor the
 special tokens the tokenizer adds (a BOS) are in it, as the peers' synthetic prompts
@@ -31,9 +38,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import msgspec
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
-CACHE_MAX = 1 << 16  # chunk texts whose token count is kept (a few MB at most)
+# the window of a stream's text a chunk is counted after: cut to its last WINDOW_KEEP
+# characters once over WINDOW_MAX (far more than any token's reach, a few words)
+WINDOW_KEEP, WINDOW_MAX = 32, 64
+CHECK_REPEATS = 4  # chunks of one word the start check counts
 SAMPLE_WORDS = (48, 200)  # lengths of the sample prompts the sum is checked on
 MIN_WORDS = 8  # fewer one-token words than this cannot make prompts that differ
 
@@ -144,50 +154,91 @@ async def path_lengths(path: str, candidates: Sequence[str]) -> Lengths:
              if tok.decode(tok.encode(w, add_special_tokens=False).ids).strip() == w]
     words, why = await one_token_words(local_count(tok), known)
     name = str(tokenizer_file(path))
+    cannot = chunk_check(tok, candidates)
+    chunks = (f"tokens per chunk estimated (est.) where the server sends no per-chunk usage: "
+              f"it cannot count chunks ({cannot})" if cannot else
+              "tokens per chunk counted by it where the server sends no per-chunk usage")
     if words:
         note = (f"lengths exact (tokenizer {name}; asked lengths exclude the chat template "
-                "and special tokens; tokens per chunk counted by it where the server sends "
-                "no per-chunk usage)")
+                f"and special tokens; {chunks})")
     else:
         note = (f"lengths exact by encode-and-trim (tokenizer {name}: {why}; asked lengths "
-                "exclude the chat template and special tokens)")
+                f"exclude the chat template and special tokens; {chunks})")
     return Lengths(source="path", tokenizer=name, words=words, note=note)
 
 
+def chunk_tokens(tok: Tokenizer, candidates: Sequence[str]) -> ChunkTokens | None:
+    """The chunk counter of `tok`, or None where chunk_check says it cannot count chunks
+    (then the spread estimate stands in, marked est.; the start event said why)."""
+    return None if chunk_check(tok, candidates) else ChunkTokens(tok)
+
+
 class ChunkTokens:
-    """Tokens of a chunk's generated text by a local tokenizer (0: the chunk has none).
+    """A local tokenizer's counts of the chunks of streams without per-chunk usage: one a
+    run (shared by its streams), `stream()` a counter for each stream."""
 
-    Each distinct text is encoded once (without special tokens) and its count cached, up
-    to CACHE_MAX texts; a text with characters always carries at least one token (the
-    server sent the chunk because one was generated). Cost, paid only on streams without
-    per-chunk usage (timeit, this 2-core machine): a cached text about 0.15 µs a chunk more
-    than measuring its length, a new one about 9 µs once."""
-
-    __slots__ = ("_cache", "_encode")
+    __slots__ = ("_encode",)
 
     def __init__(self, tok: Tokenizer) -> None:
         self._encode = tok.encode
-        self._cache: dict[str, int] = {}
 
-    def __call__(self, chunk) -> int:
-        n = 0
-        for c in chunk.choices:
-            if c.text:
-                n += self.text(c.text)
-            d = c.delta
-            if d is not None:
-                if d.content:
-                    n += self.text(d.content)
-                if d.reasoning_content:
-                    n += self.text(d.reasoning_content)
-                if d.reasoning:
-                    n += self.text(d.reasoning)
-        return n
+    def stream(self) -> StreamTokens:
+        return StreamTokens(self._encode)
 
-    def text(self, text: str) -> int:
-        n = self._cache.get(text)
-        if n is None:
-            n = max(1, len(self._encode(text, add_special_tokens=False).ids))
-            if len(self._cache) < CACHE_MAX:
-                self._cache[text] = n
-        return n
+
+class StreamTokens:
+    """One stream's chunk counter: each call gives the tokens a chunk's text adds to the
+    stream's text so far (the running difference; 0 or less where the text merges into the
+    tokens before it), so the counts add up to the tokenizer's count of the whole text.
+
+    Only a window of the text so far is encoded with each chunk: between WINDOW_KEEP and
+    WINDOW_MAX characters, cut (and counted once anew) when it grows past WINDOW_MAX. What
+    the cut leaves at the window's start is encoded alike with and without the chunk, so the
+    difference is the whole text's wherever the cut falls (a window of 16..32 already adds
+    up on the tests' prose; 8..16 does not). Cost, paid only on streams without per-chunk
+    usage (this 2-core machine, chunks of 1-4 words): one encode of up to WINDOW_MAX + the
+    chunk's characters a chunk and a recount of WINDOW_KEEP every few chunks, about 15 µs
+    a chunk (byte-level BPE, the Llama 2 layout), 23 µs (WordPiece)."""
+
+    __slots__ = ("_encode", "_n", "_text")
+
+    def __init__(self, encode: Callable[..., Encoding]) -> None:
+        self._encode = encode
+        self._text = ""  # the window of the stream's text so far
+        self._n = 0  # its tokens
+
+    def __call__(self, text: str) -> int:
+        window = self._text + text
+        n = len(self._encode(window, add_special_tokens=False))
+        added = n - self._n
+        if len(window) > WINDOW_MAX:
+            window = window[-WINDOW_KEEP:]
+            n = len(self._encode(window, add_special_tokens=False))
+        self._text, self._n = window, n
+        return added
+
+
+def chunk_check(tok: Tokenizer, candidates: Sequence[str]) -> str:
+    """Why `tok` cannot count a stream's chunks ("" when it can): a word of `candidates`
+    that is one token alone and after a space (and not [UNK]: the token gives the word back)
+    must count one as a chunk after its first time, as in the whole text (a tokenizer that
+    merges across spaces does not; one with no such word cannot be checked)."""
+
+    def count(text: str) -> int:
+        return len(tok.encode(text, add_special_tokens=False))
+
+    def one_token(word: str) -> bool:
+        ids = tok.encode(word, add_special_tokens=False).ids
+        return len(ids) == 1 and tok.decode(ids).strip() == word and count(f"{word} {word}") == 2
+
+    word = next((w for w in candidates if one_token(w)), None)
+    if word is None:
+        return ("no word of the prompt vocabulary is one token after a space in it, so its "
+                "counts of chunks cannot be checked")
+    counter = ChunkTokens(tok).stream()
+    counter(word)
+    got = [counter(f" {word}") for _ in range(CHECK_REPEATS)]
+    if got != [1] * CHECK_REPEATS:
+        return (f"chunks \" {word}\" after \"{word}\" counted {got}, not one each: it merges "
+                "tokens across spaces")
+    return ""

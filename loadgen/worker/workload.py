@@ -33,7 +33,7 @@ from loadgen.worker.dataset import (
 )
 from loadgen.worker.distributions import LengthDist, ThinkTime
 from loadgen.worker.stream_measure import Turn
-from loadgen.worker.tokenizer import ChunkTokens, load_tokenizer
+from loadgen.worker.tokenizer import chunk_tokens, load_tokenizer
 
 # the words synthetic prompts draw on (without --tokenizer's one-token words); preflight
 # asks the server which of them are one token each
@@ -111,10 +111,12 @@ class RequestFactory:
         self.worker_index = worker_index
         # --tokenizer: words one token each (exact prompts), else a local tokenizer to cut
         # prompts to length, else about one token a word (approx.); the local tokenizer also
-        # counts the tokens of each chunk when the server sends no per-chunk usage
+        # counts the tokens of each chunk when the server sends no per-chunk usage, if it
+        # can (loadgen.worker.tokenizer.chunk_check)
         self.words = workload.one_token_words or PROMPT_WORDS
         self.tokenizer = load_tokenizer(workload.tokenizer) if workload.tokenizer else None
-        self.chunk_tokens = ChunkTokens(self.tokenizer) if self.tokenizer else None
+        self.chunk_tokens = chunk_tokens(self.tokenizer, self.words) if self.tokenizer \
+            else None
         source = resolved(workload.dataset, workload.prompts_file)
         # ShareGPT conversations whole (their human turns and replies' lengths), for --turns
         # and --output-tokens dataset; else a dataset file's prompts (a list, or text

@@ -113,3 +113,20 @@ async def test_per_turn_rows_cover_the_runs_window_as_every_other_count(tmp_path
     assert rows, "the turns section is missing"
     ok = summary["requests"]["ok"]
     assert ok > 0 and sum(r["requests"] for r in rows) == ok, (rows, ok)
+
+
+@pytest.mark.parametrize("reasoning", [0, 4])
+async def test_a_turns_asked_length_is_the_servers_count_of_what_was_sent(tmp_path, reasoning):
+    """The asked prompt length of a turn is its history's: the user messages and the replies'
+    answers, and never a reasoning model's reasoning, which is not sent back. The truth: the
+    server's usage.prompt_tokens of every turn (the simulator counts the words of every
+    message, and a reply's words are its answer tokens)."""
+    async with running_sim(reasoning_tokens=reasoning) as sim:
+        summary, _ = await _conversations(sim, tmp_path, "--concurrency=2",
+                                          f"--requests={4 * TURNS}")
+    assert summary["requests"]["ok"] == 4 * TURNS
+    rows = {r["turn"]: r for r in summary["turns"]}
+    for n, row in rows.items():
+        assert row["input_per_request"] == n * IN + (n - 1) * (OUT - reasoning)
+    prompt = summary["tokens"]["input_per_request"]
+    assert prompt["asked"] == prompt["server"] and not prompt["differs"], prompt

@@ -69,7 +69,7 @@ async def test_a_request_cancelled_from_outside_is_counted_and_re_raised(kind: s
         while not rec.ttft:  # streaming: the cancel lands mid-stream
             assert perf_counter() < deadline, "no first token"
             await asyncio.sleep(0.01)
-        assert client.in_flight == 1 and client.stalled(perf_counter()) == 0
+        assert client.in_flight == 1 and client.stalled(perf_counter()).stalled == 0
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

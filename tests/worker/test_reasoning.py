@@ -15,10 +15,15 @@ import aiohttp
 import msgspec
 import numpy as np
 import pytest
+from aiohttp import web
 from support import running_sim, start_sim_process, tokentop
+from tokenizer_families import build
 
+from loadgen.sim.words import WORDS
+from loadgen.worker.client import StreamingClient
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.stream_measure import StreamMeasure
+from loadgen.worker.tokenizer import ChunkTokens
 
 T_MS, I_MS = 30.0, 5.0  # the simulator's exact TTFT and ITL
 R, N = 6, 16  # reasoning tokens, output tokens a request
@@ -182,3 +187,86 @@ def test_the_latency_panel_shows_a_ttfa_row_only_when_the_window_has_ttfa_sample
 
     assert labels(table(stats(0), COLS, False)) == ["TTFT", "ITL ", "TPOT", "E2E "]
     assert labels(table(stats(5), COLS, False)) == ["TTFT", "TTFA", "ITL ", "TPOT", "E2E "]
+
+
+# ---- a server that keeps the old `reasoning` field as an alias of `reasoning_content`
+
+ALIAS_R = ALIAS_A = 32  # reasoning tokens, then answer tokens
+ALIAS_GAP_S = 0.002
+
+
+def _alias_event(choices: list, **extra) -> bytes:
+    return b"data: " + json.dumps({"object": "chat.completion.chunk", "model": "m",
+                                   "choices": choices, **extra}).encode() + b"\n\n"
+
+
+def _alias_chunks() -> list[dict]:
+    """The deltas: ALIAS_R reasoning tokens, each chunk's text sent in both fields, then
+    ALIAS_A answer tokens; 1 and 2 tokens a chunk in turn (so the final count is split over
+    the chunks by their text); the simulator's words, one token each."""
+    out, k, size = [], 0, 1
+    for start, end, answer in ((0, ALIAS_R, False), (ALIAS_R, ALIAS_R + ALIAS_A, True)):
+        k = start
+        while k < end:
+            n = min(size, end - k)
+            text = "".join(WORDS[(k + i) % len(WORDS)] for i in range(n))
+            out.append({"content": text} if answer else
+                       {"reasoning_content": text, "reasoning": text})
+            k += n
+            size = 3 - size
+    return out
+
+
+async def _alias_stream(request: web.Request) -> web.StreamResponse:
+    """The deltas of _alias_chunks, and the final usage if asked, without the reasoning
+    details (so the split is tokentop's to count)."""
+    body = json.loads(await request.read())
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    await resp.write(_alias_event([{"index": 0, "delta": {"role": "assistant"}}]))
+    for delta in _alias_chunks():
+        await asyncio.sleep(ALIAS_GAP_S)
+        await resp.write(_alias_event([{"index": 0, "delta": delta}]))
+    await resp.write(_alias_event([{"index": 0, "delta": {}, "finish_reason": "length"}]))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        n = ALIAS_R + ALIAS_A
+        await resp.write(_alias_event([], usage={"prompt_tokens": 3, "completion_tokens": n,
+                                                 "total_tokens": n + 3}))
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+@pytest.fixture
+async def alias_url():
+    app = web.Application()
+    app.add_routes([web.post("/v1/chat/completions", _alias_stream)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1/chat/completions"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(("usage", "counted"), [(True, False), (True, True), (False, True)])
+async def test_reasoning_sent_in_both_fields_is_counted_once(alias_url, usage, counted):
+    """The final count split over the chunks by their text, or each chunk counted by a
+    tokenizer: the reasoning's text is one field's, not both (without either, nothing
+    counts the tokens of a chunk, so it is not asked here)."""
+    chunk_tokens = ChunkTokens(build("byte_level")) if counted else None
+    rec = IntervalRecorder()
+    client = StreamingClient(alias_url, rec, timeout=20.0, chunk_tokens=chunk_tokens)
+    data = json.dumps({"model": "m", "messages": [{"role": "user", "content": "think"}],
+                       "max_tokens": ALIAS_R + ALIAS_A, "stream": True,
+                       "stream_options": {"include_usage": usage}}).encode()
+    try:
+        await asyncio.gather(*(client.request(data, 1) for _ in range(2)))
+    finally:
+        client.close()
+    c, _, _ = rec.take()
+    assert c.requests_ok == c.reasoning_requests == 2
+    assert (c.reasoning_tokens, c.answer_tokens) == (2 * ALIAS_R, 2 * ALIAS_A)
+    assert c.output_tokens == 2 * (ALIAS_R + ALIAS_A)

@@ -66,29 +66,30 @@ async def test_a_frozen_server_shows_as_stalled_streams_and_thaws() -> None:
         tasks = [asyncio.create_task(c.request(BODY, 2)) for c in (raw, raw, sdk, sdk)]
         try:
             await until(lambda: len(raw_rec.ttft) == 2 and len(sdk_rec.ttft) == 2, 10)
-            assert [c.stalled(perf_counter()) for c in clients] == [0, 0]  # bytes flowing
+            assert [c.stalled(perf_counter()).stalled for c in clients] == [0, 0]  # bytes flowing
             os.kill(proc.pid, signal.SIGSTOP)
             stopped = perf_counter()
             try:
                 # one more stream that starts while the server is frozen: the kernel still
                 # accepts its connection, and it is counted from its start
                 tasks.append(asyncio.create_task(raw.request(BODY, 2)))
-                assert [c.stalled(perf_counter()) for c in clients] == [0, 0]
-                at = await until(lambda: raw.stalled(perf_counter()) == 3
-                                 and sdk.stalled(perf_counter()) == 2, STALL_AFTER_S + 4)
+                assert [c.stalled(perf_counter()).stalled for c in clients] == [0, 0]
+                at = await until(lambda: raw.stalled(perf_counter()).stalled == 3
+                                 and sdk.stalled(perf_counter()).stalled == 2, STALL_AFTER_S + 4)
                 # no stream had gone quiet for STALL_AFTER_S before the freeze
                 assert at - stopped >= STALL_AFTER_S
                 assert (raw.in_flight, sdk.in_flight) == (3, 2)
             finally:
                 os.kill(proc.pid, signal.SIGCONT)
-            await until(lambda: raw.stalled(perf_counter()) == 0
-                        and sdk.stalled(perf_counter()) == 0, 5)
+            await until(lambda: raw.stalled(perf_counter()).stalled == 0
+                        and sdk.stalled(perf_counter()).stalled == 0, 5)
             assert len(raw_rec.ttft) == 3  # the late stream got its first token after all
         finally:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raw.close()
-    assert [c.stalled(perf_counter() + 60) for c in clients] == [0, 0]  # none left in flight
+    # none left in flight
+    assert [c.stalled(perf_counter() + 60).stalled for c in clients] == [0, 0]
     assert raw_rec.counters.errors == {"cancelled": 3}
     assert sdk_rec.counters.errors == {"cancelled": 2}

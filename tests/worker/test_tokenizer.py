@@ -1,7 +1,8 @@
-"""`--tokenizer`: exact prompt lengths and tokens per chunk, with a tokenizer this test trains
-itself (byte-level BPE on a few sentences; nothing downloaded), given to tokentop and to the
-simulator alike. The truths: the simulator's own prompt counters, its exact-timing schedule,
-and the tokenizer library's count of the text actually sent."""
+"""`--tokenizer`: exact prompt lengths and tokens per chunk, with tokenizers this test builds
+itself (byte-level BPE on a few sentences, and the layouts of tokenizer_families; nothing
+downloaded), given to tokentop and to the simulator alike. The truths: the simulator's own
+prompt counters, its exact-timing schedule, and the tokenizer library's count of the text
+actually sent."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import msgspec
 import pytest
 from aiohttp import web
 from support import running_sim, scrape, tokentop
+from tokenizer_families import save
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from loadgen.run.preflight import find_tokenize, resolve_lengths
@@ -99,14 +101,21 @@ async def test_the_servers_tokenize_endpoint_builds_exact_prompts(tokenizer, tmp
 ITL_MS = 10.0
 
 
-async def test_tokens_per_chunk_without_usage_give_the_true_per_token_itl(tokenizer, tmp_path):
+@pytest.mark.parametrize("family", ["byte_level", "llama2", "wordpiece"])
+async def test_tokens_per_chunk_without_usage_give_the_true_per_token_itl(tmp_path, family):
     """Chunks of 1-4 tokens, usage at the end only: with the tokenizer each chunk's tokens are
-    counted as it arrives, so ITL is the schedule's per-token gap, and not estimated."""
+    counted as it arrives, so ITL is the schedule's per-token gap, and not estimated; in
+    each family's layout (tokenizer_families), Llama 2's SentencePiece one included, where
+    a chunk counted alone is a token too many."""
+    path = save(family, tmp_path / family)
+    # the simulator counts with it too, where its words are one token alone in it (in the
+    # Llama 2 layout " lorem" alone is two: the simulator writes its own words, a token each)
     sim = await start_sim(SimConfig(exact_ttft_ms=20.0, exact_itl_ms=ITL_MS,
-                                    exact_chunk_tokens_max=4, tokenizer=str(tokenizer)),
+                                    exact_chunk_tokens_max=4,
+                                    tokenizer=None if family == "llama2" else str(path)),
                           host="127.0.0.1", port=0)
     try:
-        summary = await _run(sim.url, tmp_path, f"--tokenizer={tokenizer}",
+        summary = await _run(sim.url, tmp_path, f"--tokenizer={path}",
                              "--no-continuous-usage", "--concurrency=4", "--duration=2",
                              "--output-tokens=60")
     finally:
