@@ -11,9 +11,10 @@ Concurrency rises step by step; each step prints one row (and a progress line
 on stderr every few seconds while it is held). A step that drove less than
 RATE_SHORTFALL of the chunks/s its streams ask for is marked: this machine
 cannot drive that rate. The last lines name the highest load this machine
-drives with timing error p99 ≤ 1 ms and what limits it beyond that; when no
-step stays within 1 ms they say what limits it even at the lightest load, and
-the exit code is EXIT_OVER_BUDGET (3, as a run whose threshold failed).
+drives with timing error p99 ≤ 1 ms with every lighter step within it too (a heavier
+step that passes after a lighter one failed is said, and not counted), and what limits
+it beyond that; when no step stays within 1 ms they say what limits it even at the
+lightest load, and the exit code is EXIT_OVER_BUDGET (3, as a run whose threshold failed).
 """
 
 from __future__ import annotations
@@ -250,24 +251,47 @@ def _kept(step: Step, plan: CalibratePlan) -> bool:
 
 
 def verdict(results: list[Step], plan: CalibratePlan) -> tuple[list[str], int]:
-    """The closing lines and the exit code: 0 when some step kept the error within 1 ms,
-    EXIT_OVER_BUDGET when none did. A step short of its rate does not count: the load it
+    """The closing lines and the exit code: 0 when the lightest step kept the error within
+    1 ms (the verdict: the highest step with every lighter one kept, highest_kept),
+    EXIT_OVER_BUDGET when it did not. A step short of its rate does not count: the load it
     was meant to be never happened."""
     lines = [f"at {_streams(s.streams)} {shortfall(s, plan)}" for s in results
              if short_of_rate(s, plan)]
-    good = [s for s in results if _kept(s, plan)]
-    if not good:
+    best, broke = highest_kept(results, plan)
+    if broke is not None and best is not None:
+        lines.append(f"beyond it, at {_streams(broke.streams)}: {limit(broke, plan)}")
+    if broke is not None:
+        lines += _kept_again(results, broke, plan)
+    if best is None:
         lightest = min(results, key=lambda s: s.streams, default=None)
         why = f"; at {_streams(lightest.streams)}: {limit(lightest, plan)}" if lightest else ""
         return [*lines, f"no step kept timing error p99 within 1 ms on this machine{why}"], \
             EXIT_OVER_BUDGET
-    best = max(good, key=lambda s: s.streams)
-    beyond = [s for s in results if s.streams > best.streams and not _kept(s, plan)]
-    if beyond:
-        lines.append(f"beyond it, at {_streams(beyond[0].streams)}: {limit(beyond[0], plan)}")
     lines.append(f"highest load with timing error p99 ≤ 1 ms: {_streams(best.streams)}, "
                  f"{best.chunks_s:.0f} chunks/s")
     return lines, 0
+
+
+def highest_kept(results: list[Step], plan: CalibratePlan) -> tuple[Step | None, Step | None]:
+    """The highest step with every lighter step keeping the promise too, and the first
+    step that broke it (None: none did). A heavier step that passes after a lighter one
+    failed proves nothing about the loads between them (a lucky step, a quieter second),
+    so the verdict stops at the first failure in the order of load, not of --steps."""
+    best = None
+    for step in sorted(results, key=lambda s: s.streams):
+        if not _kept(step, plan):
+            return best, step
+        best = step
+    return best, None
+
+
+def _kept_again(results: list[Step], broke: Step, plan: CalibratePlan) -> list[str]:
+    """A heavier step that kept the promise after `broke` did not: said, and not counted."""
+    again = [s.streams for s in results if s.streams > broke.streams and _kept(s, plan)]
+    if not again:
+        return []
+    shown = ", ".join(str(n) for n in sorted(again))
+    return [f"within 1 ms again at {shown} streams, not counted: a lighter load broke it"]
 
 
 def _streams(n: int) -> str:

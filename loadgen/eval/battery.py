@@ -28,7 +28,7 @@ import msgspec
 from loadgen.analysis.report import Report, soak_report, write_soak_report
 from loadgen.analysis.soak_result import Slope
 from loadgen.analysis.sweep import SweepPlan, find_knee, run_sweep
-from loadgen.eval.chaos import Chaos, listener_pid
+from loadgen.eval.chaos import Chaos, listener_pid, mttr_apart_from_kill
 from loadgen.eval.dcgm_watch import DcgmWatch
 from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.plan import (
@@ -384,7 +384,9 @@ async def faults(ev: Eval) -> PhaseResult:
     seconds = schedule.span_s + FAULT_SETTLE_S + (CHAOS_WINDOW_S if kill_at else 0.0)
     proxy = FaultProxy(host, port)
     await proxy.start()
-    chaos = Chaos(ev.chaos_restart_cmd, port) if kill_at is not None else None
+    # the restart's probes go to the target itself, with the run's API and credentials
+    chaos = Chaos(ev.chaos_restart_cmd, port, url=ev.url, api=ev.cfg.api, model=ev.cfg.model,
+                  authorization=ev.secrets.authorization()) if kill_at is not None else None
     try:
         # the load goes through the proxy; /metrics and the server process are the target's
         # own (through the proxy the scrape would hang in a blackhole, and the process found
@@ -408,10 +410,12 @@ async def faults(ev: Eval) -> PhaseResult:
         await proxy.close()  # clears what is still on: every span has its end
     spans, counters = fault_spans(proxy.events), proxy.counters
     r = _report(run_dir)
+    killed = chaos.result() if chaos is not None else None
     return done(FaultsFigures(
-        faults=[_under_fault(run_dir, s) for s in spans],
-        chaos=chaos.result(run_dir) if chaos is not None else None,
-        outages=r.outages, mttr_s=r.mttr_s, availability=r.availability,
+        faults=[_under_fault(run_dir, s) for s in spans], chaos=killed,
+        # the kill's outage has its own MTTR (kill → first token): not counted twice
+        outages=r.outages, mttr_s=mttr_apart_from_kill(r.outages, r.mttr_s, killed),
+        availability=r.availability,
         proxy=ProxyCounts(resets=counters.reset, accepted=counters.accepted),
         plots=r.plots or [],
     ), str(run_dir))

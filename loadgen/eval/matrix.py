@@ -19,6 +19,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from loadgen.analysis.soak_result import Summary, ThresholdResult
+from loadgen.eval.chaos import PROBE_EVERY_S
 from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.results import (
     Dcgm,
@@ -155,15 +156,22 @@ def _faults(results: Results) -> Iterator[Row]:
         return
     for fault in f.faults:
         yield from _fault_rows(dim, fault)
-    mttr = f.mttr_s.any
-    yield Row(dim, "MTTR of the outages seen", mttr, "s", "lower",
-              note="" if mttr is not None else
-              f"no outage (no failure held {units.duration(OUTAGE_MIN_S)})")
     chaos = f.chaos
+    killed = chaos is not None and chaos.killed
+    mttr = f.mttr_s.any  # without the kill's outage when there was a kill (battery.faults)
+    if mttr is not None:
+        note = "the kill's outage apart: its MTTR is the next row" if killed else ""
+    elif killed and f.outages:
+        note = "no outage but the kill's: its MTTR is the next row"
+    else:
+        note = f"no outage (no failure held {units.duration(OUTAGE_MIN_S)})"
+    yield Row(dim, "MTTR of the outages seen", mttr, "s", "lower", note=note)
     if chaos is None:
         note = "not run: opt-in, --chaos-restart-cmd CMD"
     else:
-        note = chaos.why or "from the kill to the first success after it"
+        every = units.ms(PROBE_EVERY_S * 1e6)
+        note = chaos.why or (f"from the kill to the first token after it: a probe every "
+                             f"{every}, so late by at most {every}")
     yield Row(dim, "MTTR after a kill and restart", chaos and _given(chaos.mttr_s), "s", "lower",
               note=note)
 

@@ -75,6 +75,12 @@ class LoadState(msgspec.Struct, kw_only=True):
     health: Health = "up"  # up | degraded (errors, some success) | outage (loadgen.model.outage)
     outage_since: float | None = None  # unix time the current outage began (None: no outage)
     note: str | None = None  # e.g. "ramp 8→64, 30 s left"
+    # --trace: entries sent of all the trace's, and where its own clock stands in its span
+    # (target_rate is then the rate it sent at over the last 10 s: a trace has no --rate)
+    trace_sent: int | None = None
+    trace_total: int | None = None
+    trace_time: float | None = None
+    trace_span: float | None = None
 
 
 # Multi-turn conversations (--turns): a row of TurnCounts per turn number, the last row

@@ -48,7 +48,7 @@ from loadgen.run.pool import WorkerPool
 from loadgen.run.preflight import TargetError, check_url, resolve_lengths, resolve_model
 from loadgen.run.resume import ResumeFrom
 from loadgen.run.secrets import Secrets
-from loadgen.run.steering import Steering
+from loadgen.run.steering import Steering, TraceProgress
 from loadgen.sim.presets import describe
 from loadgen.worker import wire
 from loadgen.worker.limits import FD_MARGIN, raise_open_file_limit, streams_that_fit
@@ -61,7 +61,7 @@ log = logging.getLogger("tokentop.coordinator")
 
 PROBE_PERIOD_S = 1.0
 ERROR_EVENT_EVERY_S = 5.0  # one event per error kind at most this often, with the count
-TRACE_MARGIN_S = 0.3  # a trace's last entry is sent and counted in flight by then
+TRACE_TICK_AFTER_S = 0.02  # a tick this soon after a trace's last entry: its window's end
 LAG_WARN_MS = 5.0  # event-loop lag that starts to show in latencies
 
 
@@ -116,6 +116,8 @@ class Coordinator:
         # tick fragments a long run's heap (whoever is handed them must copy what it keeps)
         self._tick_dense: dict[str, np.ndarray] = {}
         self._heap = HeapTrimmer()  # a long run's freed C heap goes back to the system
+        span = self.parsed.trace_span
+        self.trace = TraceProgress(span, cfg.trace_speed) if span is not None else None
 
     # ---- start -------------------------------------------------------------------------
 
@@ -283,6 +285,8 @@ class Coordinator:
         if self.resume:
             self._event("resume", f"resumed run {self.run_id} after a gap; numbering continues "
                         f"at seq {seq}", level="warn")
+        if self.trace is not None:
+            self.trace.mark(t0)
         while True:
             await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
             elapsed = time.monotonic() - t0
@@ -298,6 +302,7 @@ class Coordinator:
             self.steer.track(t, self.counters)
             self.steer.after_tick(elapsed, merged.dense, self.counters,
                                   running=self.state == "running")
+            self._end_trace(now)
             snap = self._snapshot(seq, t, elapsed, interval, merged)
             last_tick = now
             seq += 1
@@ -305,7 +310,7 @@ class Coordinator:
             if self.state == "stopped":
                 return
             self._heap.maybe_trim()  # between ticks, at most once a minute
-            next_tick += tick
+            next_tick = self._trace_tick(next_tick + tick)
             if next_tick < time.monotonic():  # we fell behind: skip, do not burst
                 next_tick = time.monotonic() + tick
 
@@ -327,19 +332,32 @@ class Coordinator:
             return reason
         if self.pool.workers and self.pool.alive == 0:
             return "every load worker has exited"
-        if self._trace_done():
-            return "trace done"
         return None
 
-    def _trace_done(self) -> bool:
-        """--trace: past its last entry's time (and a margin for the worker that sends it)
-        with nothing left waiting or in flight."""
-        span = self.parsed.trace_span
-        if span is None or self.state != "running":
-            return False
-        margin = TRACE_MARGIN_S * self.cfg.trace_speed
-        past = self.pool.trace_time(time.perf_counter()) >= span + margin
-        return past and not any(self._backlog.values()) and not any(self._in_flight.values())
+    def _end_trace(self, now: float) -> None:
+        """--trace: once every entry is sent (by this tick's reports), the drain begins in
+        this tick, so the run's window is the trace's span / speed; what is still in flight
+        finishes in the drain, counted there as any run's."""
+        trace = self.trace
+        if trace is None:
+            return
+        trace.mark(now)
+        if self.state != "running" or self._drain is not None:
+            return
+        if trace.done(self.pool.trace_time(time.perf_counter()), sum(self._backlog.values())):
+            self.request_stop("trace done")
+            self._begin_drain()
+
+    def _trace_tick(self, next_tick: float) -> float:
+        """The next tick's time: just after a trace's last entry is due when that comes
+        first, so the window ends with the trace and not up to a tick after it."""
+        trace = self.trace
+        if trace is None or self.state != "running":
+            return next_tick
+        left = trace.seconds_left(self.pool.trace_time(time.perf_counter()))
+        if left <= 0:
+            return next_tick
+        return min(next_tick, time.monotonic() + left + TRACE_TICK_AFTER_S)
 
     def _begin_drain(self) -> None:
         self.state = "draining"
@@ -361,6 +379,8 @@ class Coordinator:
             self._in_flight[r.index] = r.in_flight
             self._backlog[r.index] = r.backlog
             self._stalled[r.index] = Stalled(r.stalled, r.stalled_first)
+            if self.trace is not None:
+                self.trace.report(r.index, r.trace_sent, r.trace_total)
             for m, h in r.hists.items():
                 if m in sparse:
                     sparse[m].append(h.arrays())
@@ -424,12 +444,14 @@ class Coordinator:
         arrival = None
         if open_loop:
             arrival = f"gamma(k={s.shape:g})" if s.arrival == "gamma" else s.arrival
+        trace = self.trace
         return LoadState(
             mode=s.mode,
             state=self.state,
             target_concurrency=s.concurrency,
-            target_rate=s.rate if open_loop else None,
-            arrival=arrival,
+            # a trace's rate is what it sends (its --rate is an unused default)
+            target_rate=(trace.rate() if trace is not None else s.rate) if open_loop else None,
+            arrival="trace" if trace is not None else arrival,
             max_in_flight=s.max_in_flight if open_loop else None,
             in_flight=sum(self._in_flight.values()),
             backlog=sum(self._backlog.values()),
@@ -439,7 +461,17 @@ class Coordinator:
             health=self._outages.health,
             outage_since=self._outages.outage_since,
             note=self.steer.note(running=self.state == "running"),
+            **self._trace_state(),
         )
+
+    def _trace_state(self) -> dict:
+        """LoadState's trace fields: entries sent of all, the trace's clock and span."""
+        trace = self.trace
+        if trace is None:
+            return {}
+        return {"trace_sent": trace.sent, "trace_total": trace.total, "trace_span": trace.span,
+                "trace_time": round(min(self.pool.trace_time(time.perf_counter()), trace.span),
+                                    3)}
 
     def _track_outage(self, t: float, interval: float, tick: Counters) -> None:
         """Outages, stalls and health by loadgen.model.outage's one definition (the soak

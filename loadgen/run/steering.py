@@ -28,6 +28,10 @@ from loadgen.worker.wire import LoadSpec
 ERROR_RATE_WINDOW_S = 10.0  # --stop-error-rate looks this far back …
 ERROR_RATE_MIN_REQUESTS = 20  # … and needs at least this many requests to judge
 TICK_EARLY_S = 0.01  # a tick this close to --duration is the one that reaches it
+TRACE_RATE_WINDOW_S = 10.0  # a trace's rate: what it sent over this long, as the console's
+# past its last entry's time by this much (trace seconds a unit of speed), the trace is done
+# even if some worker never said it sent its share (a worker gone, a report lost)
+TRACE_MARGIN_S = 0.3
 
 Apply = Callable[[LoadSpec], None]
 SayEvent = Callable[[str, str], None]  # (event kind, message)
@@ -200,3 +204,48 @@ class Steering:
         shape = f" k={s.shape:g}" if s.arrival == "gamma" else ""
         cap = f", at most {s.max_in_flight} in flight" if s.max_in_flight else ""
         return f"{s.rate:g} req/s {s.arrival}{shape} (open loop{cap})"
+
+
+class TraceProgress:
+    """--trace: how far the replay is (entries sent of all of them, the trace's own clock),
+    the rate it sends at, and whether it is done: every entry sent. The requests still in
+    flight then finish in the drain, as any run's, so the run's window ends with the trace
+    (its span / speed), not with its slowest answer."""
+
+    def __init__(self, span: float, speed: float) -> None:
+        self.span = span  # trace seconds from its first entry to its last
+        self.speed = speed
+        self.total: int | None = None  # entries in the trace (the workers say: each read it)
+        self._sent: dict[int, int] = {}  # per worker, its entries sent so far
+        self._marks: deque[tuple[float, int]] = deque()  # (monotonic t, sent) per tick
+
+    @property
+    def sent(self) -> int:
+        return sum(self._sent.values())
+
+    def report(self, worker: int, sent: int, total: int) -> None:
+        self._sent[worker] = sent
+        if total:
+            self.total = total
+
+    def mark(self, t: float) -> None:
+        """A tick at monotonic `t`, for the rate."""
+        self._marks.append((t, self.sent))
+        while len(self._marks) > 2 and self._marks[1][0] <= t - TRACE_RATE_WINDOW_S:
+            self._marks.popleft()
+
+    def rate(self) -> float | None:
+        """Requests/s the replay sent over the last TRACE_RATE_WINDOW_S (None: one tick)."""
+        if len(self._marks) < 2:
+            return None
+        (t0, n0), (t1, n1) = self._marks[0], self._marks[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else None
+
+    def done(self, trace_time: float, backlog: int) -> bool:
+        if self.total is not None and self.sent >= self.total:
+            return True
+        return trace_time >= self.span + TRACE_MARGIN_S * self.speed and backlog == 0
+
+    def seconds_left(self, trace_time: float) -> float:
+        """Wall seconds until the last entry is due (0 once it is)."""
+        return max(0.0, (self.span - trace_time) / self.speed)

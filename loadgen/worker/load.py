@@ -34,7 +34,8 @@ A trace (--trace, loadgen.worker.trace) takes the arrival process's place: the s
 times are the trace's offsets / speed from the epoch, worker i of n sends entries i, i + n …,
 each with its entry's lengths. A trace is replayed once: a new schedule (a resume, a new
 placement) goes on from the trace time its epoch stands for (frozen over a pause), never from
-the trace's start.
+the trace's start. The entries a worker has sent (not those waiting in the backlog) are
+counted, `trace_sent`: the coordinator's sum says how far the replay is, and when it is done.
 """
 
 from __future__ import annotations
@@ -200,6 +201,7 @@ class OpenLoop:
         self._trace_next = -1  # the next trace entry this worker schedules (-1: not begun)
         self._trace_clock: tuple[float, float, float] | None = None  # (epoch, base, speed)
         self._trace_frozen: float | None = None  # trace time at the pause
+        self.trace_sent = 0  # trace entries sent so far (the backlog's are not yet)
         self._tasks: set[asyncio.Task] = set()
         self._scheduler: asyncio.Task | None = None
         self._paused_at: float | None = None
@@ -312,6 +314,8 @@ class OpenLoop:
         while self.backlog and (self.cap is None or self.in_flight < self.cap):
             t_intended, entry = self.backlog.popleft()
             self.in_flight += 1
+            if entry >= 0:
+                self.trace_sent += 1
             task = asyncio.create_task(self._send_at(t_intended, entry))
             self._tasks.add(task)
             task.add_done_callback(self._done)

@@ -214,6 +214,8 @@ class Worker:
             last_errors=errors,
             loop_lag_ms=self.lag.take_ms(),
             cpu_s=cpu_s,
+            trace_sent=self.open.trace_sent,
+            trace_total=len(self.trace) if self.trace is not None else 0,
             **self.client.stalled(time.perf_counter())._asdict(),
         )
 

@@ -100,6 +100,10 @@ class Report(msgspec.Struct, tag="report", kw_only=True):
     # token (loadgen.model.outage, LoadState.stalled)
     stalled: int = 0
     stalled_first: int = 0
+    # --trace: this worker's entries sent so far, and the entries in the whole trace (each
+    # worker holds all of it): how far the replay is, and when it is done
+    trace_sent: int = 0
+    trace_total: int = 0
 
 
 class Stopped(msgspec.Struct, tag="stopped"):

@@ -11,7 +11,13 @@ import time
 import numpy as np
 from support import ROOT
 
-from loadgen.analysis.calibrate import EXIT_OVER_BUDGET, CalibratePlan, Step, verdict
+from loadgen.analysis.calibrate import (
+    EXIT_OVER_BUDGET,
+    CalibratePlan,
+    Step,
+    highest_kept,
+    verdict,
+)
 from loadgen.model import hdr
 
 PLAN = CalibratePlan(ttft_ms=50.0, itl_ms=20.0, output_tokens=64)
@@ -79,3 +85,58 @@ def test_it_says_what_it_does_at_once_and_how_a_step_goes():
     # whichever this machine gives, the exit code says the same as the last line
     assert (proc.returncode, last.startswith("highest load")) in ((0, True), (3, False)), last
     assert "\x1b" not in out + err
+
+
+def test_the_verdict_stops_at_the_first_step_that_broke_the_promise():
+    """1 and 32 streams within 1 ms, 8 streams not: 32 is no verdict, as the loads between
+    8 and 32 were never shown to keep the promise; given in any order of --steps."""
+    one, eight, many = (_step(1, 64 / 1.310, err_us=300.0),
+                        _step(8, 8 * 64 / 1.310, err_us=2500.0),
+                        _step(32, 32 * 64 / 1.310, err_us=300.0))
+    for order in ([one, eight, many], [many, one, eight]):
+        lines, code = verdict(order, PLAN)
+        assert code == 0
+        assert lines[-1].startswith("highest load with timing error p99 ≤ 1 ms: 1 stream,")
+        assert any(line.startswith("beyond it, at 8 streams: TTFT error p99 2.50 ms")
+                   for line in lines), lines
+        assert "within 1 ms again at 32 streams, not counted: a lighter load broke it" in lines
+        assert highest_kept(order, PLAN) == (one, eight)
+    # a step short of its rate breaks the promise as well: the load it meant never ran
+    short = _step(8, 8 * 64 / 1.310 / 5, err_us=300.0)
+    assert highest_kept([one, short, many], PLAN) == (one, short)
+    # the lightest step broken: nothing counts, however well a heavier one did
+    lines, code = verdict([eight, many], PLAN)
+    assert code == EXIT_OVER_BUDGET and lines[-1].startswith("no step kept")
+    assert highest_kept([eight, many], PLAN) == (None, eight)
+    # every step within: the heaviest, nothing beyond it
+    assert highest_kept([one, many], PLAN) == (many, None)
+
+
+ROW = re.compile(r"^\s*(\d+)\s+\d+\s+\d+\s")
+
+
+def test_the_commands_verdict_is_the_highest_step_with_every_lighter_one_kept():
+    """Through the real command on the exact-timing simulator at 1, 8 and 32 streams:
+    whatever this machine gives at each, the verdict line names the step the table's own
+    rows (✗, short of rate) allow, and the exit code agrees with it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tui.cli", "calibrate", "--steps", "1,8,32", "--step-seconds",
+         "1.5", "--warmup", "0.5", "--ttft-ms", "20", "--itl-ms", "10", "--output-tokens",
+         "16", "--workers", "1"],
+        cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    rows = {int(m.group(1)): line for line in done.stdout.splitlines()
+            if (m := ROW.match(line))}
+    assert sorted(rows) == [1, 8, 32], done.stdout
+    kept = [n for n in sorted(rows) if "✗" not in rows[n] and "short of rate" not in rows[n]]
+    expected = None
+    for n in sorted(rows):  # the rows in order of load, up to the first one not kept
+        if n not in kept:
+            break
+        expected = n
+    last = done.stdout.splitlines()[-1]
+    if expected is None:
+        assert done.returncode == EXIT_OVER_BUDGET and last.startswith("no step kept"), last
+    else:
+        assert done.returncode == 0, done.stderr[-2000:]
+        word = "stream," if expected == 1 else "streams,"
+        assert last.startswith(f"highest load with timing error p99 ≤ 1 ms: {expected} {word}")

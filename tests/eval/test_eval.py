@@ -2,7 +2,8 @@
 plan (seconds, not hours): every row of the matrix filled or explained, each proxy fault
 judged against the proxy's own record, the scaling row with two simulator replicas (the
 second replica's own token counter the truth), a killed eval resumed at its phase, two
-evals compared, and a chaos kill and restart whose MTTR matches the real downtime."""
+evals compared, and a chaos kill and restart whose MTTR matches the real downtime (the
+kill's timestamp to when the restarted simulator listens, within the probes' 250 ms)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from support import ROOT, WAIT_S, start_sim_process, tokentop
 
+from loadgen.eval.chaos import PROBE_EVERY_S
 from loadgen.record.rundir import last_snapshot
 from probes.process import find_listener
 
@@ -223,11 +225,15 @@ def test_chaos_kill_and_restart_mttr_matches_the_real_downtime(tmp_path):
                               "--announce"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                              stdin=subprocess.DEVNULL, text=True, cwd=ROOT)
     assert first.stdout.readline().startswith("TOKENTOP_SIM_LISTENING")
-    # the restart: a second down, then a new simulator; the marker file is written when it
-    # listens, so its time is when the server was back (the truth for the downtime)
-    restart = (f"sleep 1; {sys.executable} -m tui.cli sim --port {port} --announce "
+    # the restart: three seconds down (past OUTAGE_MIN_S, so the load sees an outage too),
+    # then a new simulator; the marker file is written when it listens, so its time is when
+    # the server was back (the truth for the downtime)
+    restart = (f"sleep 3; {sys.executable} -m tui.cli sim --port {port} --announce "
                f"| (read line; touch {marker}; cat > /dev/null)")
     plan = write_plan(tmp_path / "plan.toml", faults="", only_faults=True)
+    # long answers (about 1.5 s each here): an MTTR that waited for a whole request of the
+    # load to succeed again would read that much more than the downtime
+    plan.write_text(plan.read_text().replace("output_tokens = 16", "output_tokens = 200"))
     out = tmp_path / "out"
     try:
         done = subprocess.run(eval_argv(f"http://127.0.0.1:{port}/v1", plan, out,
@@ -236,11 +242,26 @@ def test_chaos_kill_and_restart_mttr_matches_the_real_downtime(tmp_path):
                               stdin=subprocess.DEVNULL, cwd=ROOT)
         assert done.returncode == 0, done.stderr[-3000:]
         assert first.wait(WAIT_S) == -signal.SIGKILL  # the eval killed it
-        chaos = json.loads((out / "eval.json").read_text())["phases"]["faults"]["figures"][
-            "chaos"]
+        phase = json.loads((out / "eval.json").read_text())["phases"]["faults"]
+        assert phase["status"] == "done", phase
+        chaos = phase["figures"]["chaos"]
         assert chaos["killed"] and chaos["pid"] == first.pid
+        # the truth: the kill's own timestamp and when the restarted simulator listened
+        # again. The MTTR is to the first token after that: a probe starts every 250 ms, and
+        # a one-token answer of the simulator takes a few ms more
         downtime = marker.stat().st_mtime - chaos["killed_at"]
-        assert chaos["mttr_s"] == pytest.approx(downtime, abs=1.0)
+        assert downtime - 0.05 <= chaos["mttr_s"] <= downtime + PROBE_EVERY_S + 0.15, (
+            chaos["mttr_s"], downtime)
+        # one MTTR for the kill: the outage it caused is not in the outages' MTTR as well
+        faults = phase["figures"]
+        assert any(o["start"] <= chaos["killed_at"] + chaos["mttr_s"]
+                   and o["end"] >= chaos["killed_at"] for o in faults["outages"]), (faults, chaos)
+        assert faults["mttr_s"] == {"client": None, "server": None, "any": None}
+        rows = {r["figure"]: r for r in json.loads((out / "eval.json").read_text())["rows"]}
+        assert rows["MTTR after a kill and restart"]["value"] == chaos["mttr_s"]
+        assert "a probe every 250 ms" in rows["MTTR after a kill and restart"]["note"]
+        seen = rows["MTTR of the outages seen"]
+        assert seen["value"] is None and seen["note"].startswith("no outage but the kill's:")
         assert restart not in (out / "eval.json").read_text()  # the command may hold secrets
     finally:
         if first.poll() is None:

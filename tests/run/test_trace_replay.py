@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 
 import aiohttp
@@ -14,6 +15,7 @@ import pytest
 from support import (
     FAST,
     WAIT_S,
+    headless_argv,
     root,
     run_flags,
     running_sim,
@@ -162,3 +164,90 @@ async def test_a_pause_freezes_the_trace_and_resume_goes_on(tmp_path):
     # the pause's length added to the trace's span, no more (a tick's slack either side)
     paused = t_resume - t_pause
     assert arrivals[-1] - arrivals[0] == pytest.approx(offsets[-1] + paused, abs=0.1)
+
+
+TRACE_LINE = re.compile(r"^\[\s*\d+s\] (\S+)\s+trace (\d+)/(\d+) ([\d.]+) s/([\d.]+) s "
+                        r"rate=([\d.]+)/s ")
+
+
+async def test_the_run_window_ends_with_the_trace_and_the_line_says_where_it_is(tmp_path):
+    """A 4 s trace at 20 req/s played at speed 2, answers of about 0.9 s: the run's window is
+    the trace's 2 s (the simulator's arrival log: first to last arrival), not until the last
+    answer; what was still in flight then finishes in the drain, every request counted once;
+    the progress line says how far the trace is and the rate it sends at (never the unused
+    --rate default), against the trace file and the arrival log."""
+    n, gap, speed = 81, 0.05, 2.0
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps({"t": round(i * gap, 3), "input_tokens": 16,
+                                        "output_tokens": 64}) + "\n" for i in range(n)))
+    span = (n - 1) * gap / speed  # wall seconds from the first request to the last
+    proc, port = start_sim_process()  # its default timing: 64 tokens take about 0.9 s
+    base = f"http://127.0.0.1:{port}"
+    out = tmp_path / "summary.json"
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run, headless_argv("--no-record", url=f"{base}/v1", trace=path,
+                                          trace_speed=speed, workers=1, json=out),
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        arrivals = await arrivals_at(base)
+    finally:
+        stop(proc)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(out.read_text())
+    assert len(arrivals) == n
+    assert arrivals[-1] - arrivals[0] == pytest.approx(span, abs=0.05)
+    # the window is the trace's span / speed (a tick's collection late at most)
+    assert summary["duration_s"] == pytest.approx(span, abs=0.2), summary["duration_s"]
+    drain = summary["drain"]
+    assert summary["requests"]["ok"] + drain["requests_ok"] == n
+    assert drain["requests_ok"] > 0  # answers still streaming when the trace ended
+    assert summary["throughput"]["req_s"] == pytest.approx(
+        summary["requests"]["ok"] / span, rel=0.1)
+    lines = [m.groups() for line in done.stderr.splitlines() if (m := TRACE_LINE.match(line))]
+    assert lines, done.stderr
+    sent = [int(i) for _, i, *_ in lines]
+    assert sent == sorted(sent) and sent[-1] == n
+    assert {int(total) for _, _, total, *_ in lines} == {n}
+    assert {float(s) for *_, s, _ in lines} == {round((n - 1) * gap, 1)}
+    truth = (n - 1) / (arrivals[-1] - arrivals[0])  # 40 req/s at the server
+    running = [(int(i), float(at), float(rate)) for state, i, _, at, _, rate in lines
+               if state == "running"]
+    assert running, done.stderr
+    for i, at, rate in running:
+        assert rate == pytest.approx(truth, rel=0.2), (rate, truth)
+        # the request it is at and the trace's clock agree with the trace's own schedule
+        assert i == pytest.approx(at / gap + 1, abs=0.15 / gap * speed)
+    assert "rate=1/s" not in done.stderr
+
+
+async def test_each_snapshot_says_how_far_the_trace_is_as_the_server_saw_it(tmp_path):
+    """Tick by tick, the trace's position in the Snapshot (entries sent of all) against the
+    simulator's arrival log up to that tick, and the console's load panel showing it."""
+    from tui.widgets.load_panel import target_line
+
+    path = tmp_path / "trace.jsonl"
+    offsets, _, _ = write_trace(path)
+    loop = asyncio.get_running_loop()
+    seen = []  # (loop time the Snapshot came, its load)
+    async with running_sim() as sim:
+        coord = Coordinator(RunConfig(url=sim.url, trace=str(path), workers=2, tick=0.25,
+                                      drain_grace=2.0))
+        await coord.start()
+        try:
+            async with asyncio.timeout(SECONDS + WAIT_S):
+                async for snap in coord.snapshots():
+                    seen.append((loop.time(), snap.load))
+                    if snap.load.state == "running" and snap.load.trace_sent:
+                        line = target_line(snap)
+                        assert f"{snap.load.trace_sent}[/]/{len(offsets)}" in line, line
+        finally:
+            await coord.close()
+        arrivals = await server_arrivals(sim)
+    running = [(t, ld) for t, ld in seen if ld.state == "running"]
+    assert len(running) >= 8
+    for t, ld in running:
+        assert ld.trace_total == len(offsets) and ld.trace_span == pytest.approx(offsets[-1])
+        # what had arrived by the time the Snapshot came, give or take what was on the wire
+        arrived = int((arrivals <= t).sum())
+        assert arrived - 3 <= ld.trace_sent <= arrived + 3, (ld.trace_sent, arrived)
+    assert seen[-1][1].trace_sent == len(offsets) == len(arrivals)

@@ -14,12 +14,13 @@ from tui.commands.args import Parser, fail, latency_ms, seconds, seconds_or_zero
 def main(argv: list[str]) -> int:
     p = Parser(prog="tokentop calibrate",
                description="Measure tokentop's own timing error on this machine.",
-               epilog="Exit status: 0 when some step kept the timing error p99 within 1 ms "
-               "(the last line names the highest); 3 when no step did (the lines before it "
-               "say what limits this machine), so a script can refuse to trust millisecond "
-               "numbers here; 2 for bad options or a simulator that cannot start. A step "
-               "that drives under 90% of its intended chunks/s is marked 'short of rate': "
-               "this machine cannot drive that load.")
+               epilog="Exit status: 0 when the lightest step kept the timing error p99 "
+               "within 1 ms (the last line names the highest step with every lighter one "
+               "within it too: a step past a failed one does not count); 3 when it did not "
+               "(the lines before it say what limits this machine), so a script can refuse "
+               "to trust millisecond numbers here; 2 for bad options or a simulator that "
+               "cannot start. A step that drives under 90% of its intended chunks/s is "
+               "marked 'short of rate': this machine cannot drive that load.")
     add_calibrate_arguments(p)
     plan = calibrate_plan(p.parse_args(argv))
     return _calibrate(plan)

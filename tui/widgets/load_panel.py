@@ -17,6 +17,11 @@ def lbl(text: str) -> str:
 
 def target_line(snap: Snapshot) -> str:
     load = snap.load
+    if load.trace_span is not None:  # --trace: how far it is, and the rate it sends at
+        return (f"{lbl('trace')}[b $accent]{units.count(load.trace_sent)}[/]/"
+                f"{units.count(load.trace_total)}  {units.duration(load.trace_time)}/"
+                f"{units.duration(load.trace_span)}  {lbl('rate')}"
+                f"[b $accent]{units.rate(load.target_rate)}[/] req/s")
     if load.mode == "open":
         rate = units.NA if load.target_rate is None else f"{load.target_rate:g}"
         arrival = f" {literal(load.arrival)}" if load.arrival else ""
