@@ -41,6 +41,7 @@ import numpy as np
 import psutil
 
 from loadgen.model.snapshot import Event, ProcessSample
+from loadgen.model.trend import MIN_SLOPE_SPAN_S
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +63,16 @@ CHILDREN_PERIOD_S = 5.0  # how often to list children (a walk over all of /proc)
 
 
 class RssTrend:
-    """RSS slope in MB/hour by least squares over a sliding window of (t, rss) points."""
+    """RSS slope in MB/hour by least squares over a sliding window of (t, rss) points;
+    None until the points span loadgen.model.trend's MIN_SLOPE_SPAN_S, the rule the
+    report's slopes follow too (a shorter slope is start-up growth, not a leak)."""
 
     def __init__(
         self,
         window_s: float = 1800.0,
         max_points: int = 2048,
         min_points: int = 10,
-        min_span_s: float = 30.0,
+        min_span_s: float = MIN_SLOPE_SPAN_S,
     ) -> None:
         self.window_s = window_s
         self.min_points = min_points

@@ -28,6 +28,7 @@ from textual.containers import Grid
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer
 
+from loadgen.model import units
 from loadgen.model.kinds import SourceKind
 from loadgen.model.notice import KEYS_TO_STOP, Notice
 from loadgen.model.slo import SloError, Slos, parse_slos
@@ -71,6 +72,9 @@ HANGUP_CLOSE_S = 3.0
 HANGUP_HARD_EXIT_S = 8.0
 # a second `q` within this many seconds stops the load and quits
 QUIT_CONFIRM_S = 10.0
+# `m` to open loop: the req/s of at most this long at the load's current setting, and at least
+MATCH_SPAN_S = 10.0
+MATCH_MIN_S = 1.0
 
 # key, shown key, step: closed loop changes concurrency, open loop changes the rate (req/s)
 STEP_KEYS: tuple[tuple[str, str, int], ...] = (
@@ -480,26 +484,33 @@ class TokentopApp(App[None]):
         setting: closed → open at the measured req/s, open → closed at the requests in flight."""
         to_open = not self._open_loop()
         new = "open" if to_open else "closed"
-        level = self._matching_level(to_open)
+        level, how = self._matching_level(to_open)
         done = f"switching to {new} loop"
         if level is not None:
             op = "set_rate" if to_open else "set_concurrency"
             if not await self._send(Control(op=op, value=level, source="key"), None):
                 return
-            done += f" at {level:g} req/s (the measured rate)" if to_open else \
-                f" at {level:g} streams (the requests in flight)"
+            done += f" at {level:g} req/s ({how})" if to_open else f" at {level:g} streams ({how})"
+        elif how:
+            done += f" ({how})"
         await self._send(Control(op="set_mode", note=new, source="key"), done)
 
-    def _matching_level(self, to_open: bool) -> float | None:
-        """The other mode's setting for the load as it runs: req/s over the last 10 s, or
-        the streams in flight; None when nothing was measured yet."""
+    def _matching_level(self, to_open: bool) -> tuple[float | None, str]:
+        """The other mode's setting for the load as it runs, and how it was found, in words:
+        the req/s of the last 10 s at the load's current setting (since it last changed, was
+        paused or resumed: a rate across a paused or c=0 stretch is of no setting), or the
+        streams in flight; None when nothing was measured yet."""
         snap = self.windows.last
         if snap is None:
-            return None
+            return None, ""
         if to_open:
-            rate = self.windows.stats("10s").req_s
-            return round(rate, 1) if rate else None
-        return float(max(1, snap.load.in_flight)) if snap.load.in_flight else None
+            rate, seconds = self.windows.setting_rate(MATCH_SPAN_S)
+            if not rate or seconds < MATCH_MIN_S:
+                return None, "no rate measured at this load yet: the open loop keeps its own"
+            return round(rate, 1), f"measured over the last {units.duration(seconds)} at this load"
+        if not snap.load.in_flight:
+            return None, ""
+        return float(max(1, snap.load.in_flight)), "the requests in flight"
 
     async def action_replay_speed(self, factor: float) -> None:
         if self._is_replay():

@@ -11,8 +11,9 @@ legend entry only for a line that is drawn, time in the run's own scale (seconds
 or hours: time_axis), client outages shaded red, /metrics outages orange, pauses blue,
 recording gaps grey, and a dashed line (labelled) at each operator event and note (`e`).
 
-A memory slope over less than MIN_SLOPE_SPAN_S of samples (10 min, soak.MIN_SLOPE_SPAN_H)
-is withheld: report.json has slope_mb_h null and slope_withheld saying why.
+A memory slope over less than MIN_SLOPE_SPAN_S of samples (10 min, loadgen.model.trend: the
+console's RSS slope follows the same rule) is withheld: report.json has slope_mb_h null
+and slope_withheld saying why.
 
     tokentop report DIR [--out-dir D] [--slo ttft_p99<500ms,...] [--bucket 3600]
                         [--tail-k 5] [--tail-ms ttft=2000,itl=200] [--no-plots]
@@ -46,11 +47,12 @@ import msgspec
 import numpy as np
 from msgspec import UNSET, UnsetType
 
-from loadgen.analysis.soak import MIN_SLOPE_SPAN_H, SoakAnalyzer
+from loadgen.analysis.soak import SoakAnalyzer
 from loadgen.analysis.soak_result import Slope, SoakResult
-from loadgen.model import units
+from loadgen.model import trend, units
 from loadgen.model.slo import parse_slos
 from loadgen.model.snapshot import Snapshot
+from loadgen.model.trend import MIN_SLOPE_SPAN_S
 from loadgen.record.rundir import (
     INTERRUPTED,
     RUNNING,
@@ -129,9 +131,6 @@ class Pauses:
                 for s in self._spans for a, b in [s]]
 
 
-MIN_SLOPE_SPAN_S = MIN_SLOPE_SPAN_H * 3600
-
-
 def withhold_short_slope(s: Slope, span_s: float) -> None:
     """A slope over less than MIN_SLOPE_SPAN_S of samples is start-up growth, not a leak
     (a 17 s run read +36056 MB/h): null, with the reason, so nobody quotes the figure."""
@@ -139,8 +138,7 @@ def withhold_short_slope(s: Slope, span_s: float) -> None:
         return
     s.slope_mb_h = None
     s.min_span_s = MIN_SLOPE_SPAN_S
-    s.slope_withheld = (f"run too short for a slope ({_fmt_s(span_s)}; "
-                           f"needs ≥ {_fmt_s(MIN_SLOPE_SPAN_S)})")
+    s.slope_withheld = f"run too short for a slope ({_fmt_s(span_s)}; {trend.needs()})"
 
 
 def analyze_dir(run_dir: Path | str, *, slo: str | None = None, bucket_s: float | None = None,
@@ -209,14 +207,19 @@ def _pct(x: float | None) -> str:
 
 
 def summary_lines(r: dict) -> list[str]:
-    # after warm-up, as the success rate and the thresholds are (older analyses: the whole run)
+    # after warm-up and before the drain, as the success rate, the thresholds and the run's
+    # summary are (older analyses: the whole run)
     req = r.get("measured_requests") or r["requests"]
     lines = [
         f"run {r['run_id']}  {r['status']}  target {(r['target'] or {}).get('url', '?')}",
-        f"  wall {_fmt_s(r['wall_s'])}, load {_fmt_s(r['elapsed_s'])}, {r['ticks']} ticks; "
-        f"{req['ok']} ok, {req['failed']} failed after warm-up; success "
+        f"  wall {_fmt_s(r['wall_s'])}, load {_fmt_s(r['elapsed_s'])}, measured "
+        f"{_fmt_s(r['measured_s'])}, {r['ticks']} ticks; "
+        f"{req['ok']} ok, {req['failed']} failed in it; success "
         f"{_pct(r['success_rate'])} (during outages {_pct(r['success_rate_during_outages'])})",
     ]
+    drain = _drain_text(r.get("drain"))
+    if drain:
+        lines.append(f"  {drain}")
     if r.get("availability") is not None:
         stalls = (r.get("stalls") or {}).get("count", 0)
         lines.append(f"  availability {_pct(r['availability'])} (time outside outages)"
@@ -263,6 +266,26 @@ def summary_lines(r: dict) -> list[str]:
     for w in r["warnings"][:5]:
         lines.append(f"  warning: {w}")
     return lines
+
+
+def _drain_text(drain: dict | None) -> str:
+    """What the drain did, said apart: its seconds and requests are in no rate."""
+    if not drain:
+        return ""
+    return (f"drain {_fmt_s(drain['seconds'])}: {drain['requests_ok']} finished, "
+            f"{drain['requests_failed']} failed, {drain['requests_cancelled']} cancelled "
+            "(not in the rates; their latencies are)")
+
+
+def _change_text(d: dict) -> str:
+    """Throughput last / first whole bucket, and whether a partial last one was left out."""
+    change = d["throughput_change"]
+    text = units.NA if change is None else f"{change:.3f}"
+    buckets = d["buckets"]
+    if buckets and buckets[-1].get("partial"):
+        text += (f" (the last bucket, {_fmt_s(buckets[-1]['seconds'])} before the drain, is "
+                 "partial: not compared)")
+    return text
 
 
 def _slope_text(s: dict) -> str:
@@ -330,7 +353,8 @@ def markdown(r: dict, plots: list[str]) -> str:
         f"{' (simulated)' if (r['target'] or {}).get('simulated') else ''}",
         f"* engine: {m.get('engine') or 'unknown'}; host: {(m.get('host') or {}).get('hostname')}",
         f"* started {_when(r['start_time'])}, last snapshot {_when(r['last_t'])}; wall "
-        f"{_fmt_s(r['wall_s'])}, load {_fmt_s(r['elapsed_s'])}, measured {_fmt_s(r['measured_s'])}",
+        f"{_fmt_s(r['wall_s'])}, load {_fmt_s(r['elapsed_s'])}, measured {_fmt_s(r['measured_s'])}"
+        " (after warm-up, before the drain: the rates' window)",
         f"* tokentop {m.get('tokentop_version')}; run directory `{r['run_dir']}`",
     ]
     if m.get("recording_stopped"):
@@ -375,14 +399,14 @@ def markdown(r: dict, plots: list[str]) -> str:
             "server RSS MB | GPU mem MB |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for b in d["buckets"]:
-        out.append(f"| {b['index']} | {_ms(b['ttft']['p99_ms'])} | {_ms(b['ttft']['p99.9_ms'])} "
+        index = f"{b['index']} (partial)" if b.get("partial") else b["index"]
+        out.append(f"| {index} | {_ms(b['ttft']['p99_ms'])} | {_ms(b['ttft']['p99.9_ms'])} "
                    f"| {_ms(b['itl']['p99_ms'])} | {_ms(b['itl']['p99.9_ms'])} | "
                    f"{units.rate(b['output_tok_s'])} | {_pct(b['error_rate'])} | "
                    f"{units.number(b['server_rss_mb'])} | {units.number(b['gpu_mem_mb'])} |")
-    change = d["throughput_change"]
     out += ["", f"Server RSS: {_slope_text(d['server_rss'])}; GPU memory: "
-            f"{_slope_text(d['gpu_memory'])}; throughput last/first bucket: "
-            f"{units.NA if change is None else f'{change:.3f}'}.", ""]
+            f"{_slope_text(d['gpu_memory'])}; throughput last/first whole bucket: "
+            f"{_change_text(d)}.", ""]
     lt = r["long_tail"]
     out += ["## Long tail", "", f"Limit ({lt['rule']}): {_per_metric(lt['limits_ms'], _ms)}; "
             f"intervals above it: {_per_metric(lt['counts'])}.", ""]

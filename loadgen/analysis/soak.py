@@ -25,13 +25,21 @@ run started, gaps included):
 * MTTR: the mean duration of the closed outages (per kind, and of their union),
   recording gaps left out. Availability: 1 − client outage time / time the
   Snapshots cover.
-* success rate: after warm-up, like the thresholds; during outages: over the ticks
-  inside an outage of either kind.
+* measured window: from the end of warm-up to the start of the drain, by the rule the
+  run's summary follows (loadgen.model.windows.RunSpan), so a report and the summary of
+  one recording say the same: the rates, requests and seconds are the window's; the
+  whole-run latencies are after warm-up and hold the drain's requests (the long ones),
+  as the summary's do; what the drain did is apart (`drain`).
+* success rate: over the measured window, like the thresholds; during outages: over the
+  ticks inside an outage of either kind.
 * stalls: the tracker's stall episodes (streams in flight with no byte for
   STALL_AFTER_S), as the live run announced them.
-* drift: per bucket (an hour by default) of load time, the P99/P99.9 of TTFT and
-  ITL, throughput and error rate, compared with the first bucket; the server
-  process' RSS and the GPU memory as least-squares slopes in MB/hour.
+* drift: per bucket (an hour by default) of load time from the end of warm-up to the
+  drain, the P99/P99.9 of TTFT and ITL, throughput and error rate, compared with the
+  first bucket; a partial bucket (less than FULL_BUCKET of its span: the last, cut by the
+  drain) is listed but not compared. The server process' RSS and the GPU memory as
+  least-squares slopes in MB/hour over the same ticks (their last value before the drain),
+  withheld under loadgen.model.trend's span.
 * long tail: ticks whose P99.9 or max of a latency is above a limit: absolute
   (`tail_abs_us`), or `tail_k` × the run's median per-tick P99 of that metric.
 * thresholds (`--slo ttft_p99<500ms,error_rate<0.1%`): evaluated on the whole
@@ -53,6 +61,7 @@ import numpy as np
 
 from loadgen.analysis.soak_result import (
     Bucket,
+    DrainCounts,
     Drift,
     EventLine,
     Gap,
@@ -76,12 +85,16 @@ from loadgen.model.outage import GAP_EPSILON_S, OUTAGE_MIN_S, OutageTracker, Tic
 from loadgen.model.outage import Outage as TrackedOutage
 from loadgen.model.slo import Slos, evaluate_thresholds, rates_from
 from loadgen.model.snapshot import Counters, Snapshot
+from loadgen.model.trend import long_enough
+from loadgen.model.windows import Point, RunSpan, drain_counts
 
 RUN_METRICS = ("ttft", "ttfa", "itl", "tpot", "e2e")  # whole-run summaries and thresholds
 # info-level events a report still lists: what was done to the run, and the derived facts
 KEPT_INFO_EVENTS = ("run", "resume", "operator", "record", "recording", "slo", "gpu")
 TICK_METRICS = ("ttft", "itl")  # per-tick percentiles: drift, long tail, plots
 TAIL_LIST_MAX = 50
+# a drift bucket covering less than this share of its span is partial: listed, not compared
+FULL_BUCKET = 0.9
 STALL_LIST_MAX = 200  # stall episodes listed at most (all are counted)
 SERIES = (
     # per tick, for the plots and the long-tail context
@@ -138,13 +151,10 @@ class _Open:
     gap_s: float = 0.0
 
 
-# A slope from minutes of data says little about a leak (start-up growth dominates):
-# below this span the report marks the MB/h figure as not a trend.
-MIN_SLOPE_SPAN_H = 10 / 60
-
-
 class _Slope:
-    """Online least squares of y (MB) against x (hours)."""
+    """Online least squares of y (MB) against x (hours). A slope over minutes says little
+    about a leak (start-up growth dominates): it is a trend only once its samples span
+    loadgen.model.trend's MIN_SLOPE_SPAN_S, the rule the console's RSS slope follows too."""
 
     def __init__(self) -> None:
         self.n = 0
@@ -180,7 +190,7 @@ class _Slope:
     def record(self) -> Slope:
         s = self.slope()
         return Slope(slope_mb_h=None if s is None else round(s, 3), samples=self.n,
-                     span_h=round(self.span_h, 4), trend=self.span_h >= MIN_SLOPE_SPAN_H,
+                     span_h=round(self.span_h, 4), trend=long_enough(self.span_h * 3600),
                      first_mb=_r(self.first), last_mb=_r(self.last), peak_mb=_r(self.peak))
 
 
@@ -240,7 +250,10 @@ class SoakAnalyzer:
         self.last: Snapshot | None = None
         self.ticks = 0
         self._prev_counters = Counters()
-        self._baseline: tuple[float, Counters] | None = None  # end of warm-up
+        # the measured window's ends (warm-up's end to the drain's start), by the rule the
+        # run's summary follows (loadgen.model.windows.RunSpan), and the last point
+        self.span = RunSpan()
+        self._last_point: Point | None = None
         self._fault_ok = self._fault_failed = 0  # ticks inside an outage, resolved
         # median of the per-tick P99 (as an HDR count of those values) for the tail limit
         self._p99_of_ticks = {m: np.zeros(hdr.COUNTS_LEN, np.int64) for m in TICK_METRICS}
@@ -269,12 +282,11 @@ class SoakAnalyzer:
         failed = c.requests_failed - pc.requests_failed
         out_tok = c.output_tokens - pc.output_tokens
         self._prev_counters = c
-        if snap.load.warmup:
-            self._baseline = None
-        elif self._baseline is None:  # the first measured tick: results start here
-            self._baseline = ((prev.elapsed, pc) if prev is not None
-                              else (snap.elapsed - snap.interval, Counters()))
-        measured = not snap.load.warmup
+        point = self._last_point = Point(snap.t, c, snap.elapsed)
+        part = self.span.add(snap, point)
+        # latencies: the load's and the drain's (the requests that finish in the drain are the
+        # long ones), as the summary's; drift and slopes: the load's alone
+        measured, loading = part != "warmup", part == "load"
 
         # latency
         decoded = {m: hdr.decode(snap.hist[m]) for m in RUN_METRICS if m in snap.hist}
@@ -290,16 +302,16 @@ class SoakAnalyzer:
         self._note_trouble(tick_start, snap.t, ok, failed)
 
         # drift buckets and slopes
-        self._drift(snap, decoded, ok, failed, out_tok, measured)
+        self._drift(snap, decoded, ok, failed, out_tok, loading)
         srv_rss = gpu_mem = gpu_pw = NAN
         if snap.process is not None and snap.process.rss_bytes is not None:
             srv_rss = snap.process.rss_bytes / 1e6
-            if measured:
+            if loading:
                 self.rss.add(snap.elapsed / 3600.0, srv_rss)
         used = [g.memory_used_bytes for g in snap.gpu.gpus if g.memory_used_bytes is not None]
         if used:
             gpu_mem = sum(used) / 1e6
-            if measured:
+            if loading:  # "GPU memory A → B": B before the drain freed anything
                 self.gpu_mem.add(snap.elapsed / 3600.0, gpu_mem)
         power = [g.power_w for g in snap.gpu.gpus if g.power_w is not None]
         if power:
@@ -434,17 +446,21 @@ class SoakAnalyzer:
         return int(ticks[inside, 2].sum()), int(ticks[inside, 3].sum())
 
     def _drift(self, snap: Snapshot, decoded: dict, ok: int, failed: int, out_tok: int,
-               measured: bool) -> None:
-        if not measured:
+               loading: bool) -> None:
+        if not loading:
             return
-        index = int(max(0.0, snap.elapsed - snap.interval) // self.bucket_s)
+        # buckets of load time from the measured start: the first one whole, only the last
+        # one may be partial; a tick goes by its middle (its ends jitter about a boundary)
+        start = self.span.start.elapsed if self.span.start is not None else 0.0
+        index = int(max(0.0, snap.elapsed - snap.interval / 2 - start) // self.bucket_s)
         b = self._bucket
         if b is not None and b["index"] != index:
             self._finish_bucket()
             b = None
         if b is None:
             b = self._bucket = {
-                "index": index, "seconds": 0.0, "ok": 0, "failed": 0, "output_tokens": 0,
+                "index": index, "start": start + index * self.bucket_s, "seconds": 0.0,
+                "ok": 0, "failed": 0, "output_tokens": 0,
                 "dense": {m: np.zeros(hdr.COUNTS_LEN, np.int64) for m in TICK_METRICS},
                 "rss": [], "gpu": [],
             }
@@ -470,8 +486,10 @@ class SoakAnalyzer:
         secs = b["seconds"]
         stats = {m: _tick_stats(b["dense"][m]) for m in TICK_METRICS}
         self.buckets.append(Bucket(
-            index=b["index"], start_elapsed_s=b["index"] * self.bucket_s,
-            seconds=round(secs, 3), ttft=stats["ttft"], itl=stats["itl"],
+            index=b["index"], start_elapsed_s=round(b["start"], 3),
+            seconds=round(secs, 3),
+            partial=True if secs < FULL_BUCKET * self.bucket_s else msgspec.UNSET,
+            ttft=stats["ttft"], itl=stats["itl"],
             output_tok_s=_r(b["output_tokens"] / secs if secs > 0 else None, 1),
             req_s=_r(b["ok"] / secs if secs > 0 else None, 3),
             error_rate=_r(b["failed"] / n if n else None, 6),
@@ -575,6 +593,7 @@ class SoakAnalyzer:
         measured_ok, measured_failed = self._measured_requests()
         n = measured_ok + measured_failed
         latency, rates, seconds = self.run_summary()
+        ends = self._measured()
         covered = self.tracker.covered_s
         availability = _r(1.0 - self.tracker.outage_s / covered if covered > 0 else None, 6)
         # the stability thresholds judge the client's outages, as the run's summary does
@@ -590,6 +609,8 @@ class SoakAnalyzer:
             wall_s=round(last.t - self.start_time, 3) if last and self.start_time else 0.0,
             elapsed_s=round(last.elapsed, 3) if last else 0.0,
             measured_s=round(seconds, 3),
+            measured_from=ends[0].t if ends else None,
+            measured_to=ends[1].t if ends else None,
             ticks=self.ticks,
             state=last.load.state if last else None,
             target=RunTarget(url=last.target.url, model=last.target.model,
@@ -597,8 +618,10 @@ class SoakAnalyzer:
             requests=Requests(ok=c.requests_ok, failed=c.requests_failed,
                               cancelled=c.requests_cancelled, errors=dict(c.errors),
                               output_tokens=c.output_tokens, input_tokens=c.input_tokens),
-            # after warm-up, like the thresholds (requests above are the whole run's)
+            # after warm-up and before the drain, like the thresholds and the summary
+            # (requests above are the whole run's)
             measured_requests=Measured(ok=measured_ok, failed=measured_failed),
+            drain=self._drain(),
             success_rate=_r(measured_ok / n if n else None, 6),
             success_rate_during_outages=_r(fault_ok / fault_n if fault_n else None, 6),
             outages=_as_events(outages),
@@ -635,40 +658,56 @@ class SoakAnalyzer:
                            / len(union), 3) if union else None
         return Mttr(client=mean("client"), server=mean("server"), any=union_mean)
 
+    def _measured(self) -> tuple[Point, Point] | None:
+        """The measured window's ends (RunSpan: warm-up's end → the drain's start); None
+        while nothing is measured yet (no Snapshot, or still in warm-up)."""
+        last, start, end = self.last, self.span.start, self.span.end
+        if last is None or last.load.warmup or start is None or end is None:
+            return None
+        return start, end
+
     def _measured_requests(self) -> tuple[int, int]:
-        """(ok, failed) after warm-up: what the success rate is of."""
-        last = self.last
-        if last is None or last.load.warmup:
+        """(ok, failed) over the measured window: what the success rate is of."""
+        ends = self._measured()
+        if ends is None:
             return 0, 0
-        _, base = self._baseline or (0.0, Counters())
-        c = last.counters
-        return c.requests_ok - base.requests_ok, c.requests_failed - base.requests_failed
+        a, b = ends[0].counters, ends[1].counters
+        return b.requests_ok - a.requests_ok, b.requests_failed - a.requests_failed
+
+    def _drain(self) -> DrainCounts | None:
+        """What came after the drain began (the summary's `drain`); None before one."""
+        end, last = self.span.end, self._last_point
+        if self._measured() is None or last is None or end is None or end is last:
+            return None
+        return DrainCounts(**drain_counts(end, last))
 
     def _gap_within(self, start: float, end: float) -> float:
         """Seconds of recording gaps inside [start, end]: not outage time."""
         return sum(max(0.0, min(end, g.end) - max(start, g.start)) for g in self.gaps)
 
     def run_summary(self) -> tuple[dict[str, dict], dict, float]:
-        """Whole-run (after warm-up) latency summaries (µs), rates and measured seconds."""
+        """Whole-run latency summaries (µs: after warm-up, the drain's requests in them), and
+        the rates and seconds of the measured window (after warm-up, before the drain), as
+        the run's summary has them."""
         latency = {m: dict(hdr.summarize(d)) for m, d in self.run_dense.items()}
-        last = self.last
-        if last is None or last.load.warmup:
+        ends = self._measured()
+        if ends is None:
             return latency, rates_from(0, 0, 0, 0, 0.0), 0.0
-        base_elapsed, base = self._baseline or (0.0, Counters())
-        c = last.counters
-        seconds = last.elapsed - base_elapsed
-        rates = rates_from(c.requests_ok - base.requests_ok,
-                           c.requests_failed - base.requests_failed,
-                           c.requests_good - base.requests_good,
-                           c.output_tokens - base.output_tokens, seconds)
+        (a, b), seconds = (ends[0].counters, ends[1].counters), ends[1].elapsed - ends[0].elapsed
+        rates = rates_from(b.requests_ok - a.requests_ok, b.requests_failed - a.requests_failed,
+                           b.requests_good - a.requests_good, b.output_tokens - a.output_tokens,
+                           seconds)
         return latency, rates, seconds
 
     def _drift_result(self, buckets: list[Bucket]) -> Drift:
-        first = buckets[0] if buckets else None
+        # only whole buckets are compared: a partial one (the run's last, cut by the drain)
+        # is a few seconds' figures, and would read as drift
+        full = [b for b in buckets if b.partial is not True]
+        first = full[0] if full else None
         rows = []
         for b in buckets:
             row = msgspec.structs.replace(b)  # a copy: the kept bucket has no vs_first
-            if first is not None and b is not first:
+            if first is not None and b is not first and b.partial is not True:
                 vs = {}
                 for m in TICK_METRICS:
                     a, x = getattr(first, m), getattr(b, m)
@@ -679,8 +718,8 @@ class SoakAnalyzer:
             rows.append(row)
         return Drift(bucket_s=self.bucket_s, buckets=rows, server_rss=self.rss.record(),
                      gpu_memory=self.gpu_mem.record(),
-                     throughput_change=_ratio(buckets[-1].output_tok_s, first.output_tok_s)
-                     if first is not None and len(buckets) > 1 else None)
+                     throughput_change=_ratio(full[-1].output_tok_s, first.output_tok_s)
+                     if first is not None and len(full) > 1 else None)
 
 
 def _tick_stats(dense: np.ndarray) -> TickStats:

@@ -93,7 +93,7 @@ class Slope(_Part, kw_only=True):
     slope_mb_h: float | None
     samples: int
     span_h: float
-    trend: bool  # the span is long enough for a trend (MIN_SLOPE_SPAN_H)
+    trend: bool  # the span is long enough for a trend (loadgen.model.trend)
     first_mb: float | None
     last_mb: float | None
     peak_mb: float | None
@@ -115,8 +115,11 @@ class Bucket(_Part, kw_only=True):
     """One drift bucket; its per-metric stats are fields named as TICK_METRICS."""
 
     index: int
-    start_elapsed_s: float
+    start_elapsed_s: float  # of load time: the first bucket starts at the end of warm-up
     seconds: float
+    # true: it covers less than soak.FULL_BUCKET of its span (the run's last, cut by the
+    # drain): listed, never compared (no vs_first, not in throughput_change); absent: whole
+    partial: bool | UnsetType = UNSET
     ttft: TickStats
     itl: TickStats
     output_tok_s: float | None
@@ -133,7 +136,20 @@ class Drift(_Part, kw_only=True):
     buckets: list[Bucket]
     server_rss: Slope
     gpu_memory: Slope
-    throughput_change: float | None  # last bucket's throughput / the first's
+    throughput_change: float | None  # the last whole bucket's throughput / the first's
+
+
+class DrainCounts(_Part, kw_only=True):
+    """What came after the drain began (the run summary's `drain`): left out of the rates,
+    the measured seconds and the measured requests; its latencies are in latency_ms."""
+
+    seconds: float
+    errors: dict[str, int]
+    requests_ok: int
+    requests_failed: int
+    requests_cancelled: int
+    output_tokens: int
+    input_tokens: int
 
 
 class TailInterval(_Part, kw_only=True):
@@ -190,7 +206,7 @@ class Requests(_Part, kw_only=True):
 
 
 class Measured(_Part, kw_only=True):
-    """Requests after warm-up: what the success rate is of."""
+    """Requests after warm-up and before the drain: what the success rate is of."""
 
     ok: int
     failed: int
@@ -207,12 +223,17 @@ class SoakResult(_Part, kw_only=True):
     last_t: float | None
     wall_s: float
     elapsed_s: float
+    # the measured window: after warm-up, before the drain (the run summary's duration_s),
+    # and its ends in unix time (None: an analysis from before them, or nothing measured)
     measured_s: float
+    measured_from: float | None = None
+    measured_to: float | None = None
     ticks: int
     state: str | None
     target: RunTarget | None
     requests: Requests
     measured_requests: Measured | None = None  # None: an analysis before it (the whole run's)
+    drain: DrainCounts | None = None  # None: no drain (yet), or an analysis from before it
     success_rate: float | None
     success_rate_during_outages: float | None
     outages: list[OutageRecord]  # each view of each outage: the client's, /metrics'

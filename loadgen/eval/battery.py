@@ -65,6 +65,7 @@ from loadgen.eval.results import (
     skipped,
     state_to_builtins,
 )
+from loadgen.model.energy import EnergyReadings, Reading, per_joule
 from loadgen.model.notice import Notice
 from loadgen.record.rundir import iter_snapshots, write_json_atomic
 from loadgen.run.config import RunConfig
@@ -300,7 +301,7 @@ async def baseline(ev: Eval) -> PhaseResult:
         latency_ms={m: r.latency_ms.get(m) for m in ("ttft", "itl", "e2e")},
         thresholds=r.thresholds,
         **msgspec.structs.asdict(_efficiency_of(run_dir, r)),
-        dcgm=dcgm.result(r.rates.output_tok_s, r.measured_s),
+        dcgm=dcgm.result(run_dir, r),
     ), str(run_dir))
 
 
@@ -546,40 +547,48 @@ def _per(a: float | None, b: float | None) -> float | None:
 
 
 def _efficiency_of(run_dir: Path, r: Report) -> GpuUse:
-    """Output tokens per joule (the GPUs' energy counters over the measured run), requests/s
-    per watt, mean GPU utilisation, GPU memory per request in flight; `energy_why` when the
+    """Output tokens per joule and requests/s per watt (requests per joule) over the
+    measured window, the report's rates' own (after warm-up, before the drain): the GPUs'
+    energy between the first and last fresh readings inside it, and the tokens and
+    requests counted between those same times (loadgen.model.energy); mean GPU
+    utilisation and GPU memory per request in flight over its ticks; `energy_why` when the
     GPUs give no energy figure."""
-    first = last = None
-    power, util, mem_per = [], [], []
+    first = last = None  # the energy readings
+    source, util, mem_per = None, [], []
+    readings = EnergyReadings()
     for snap in iter_snapshots(run_dir):
-        if snap.load.warmup or not snap.gpu.gpus:
+        reading = readings.see(snap)
+        if not _inside(r, snap.t) or not snap.gpu.gpus:
             continue
-        first = first or snap
-        last = snap
+        source = source or snap.gpu.source
+        if reading is not None and _inside(r, reading.t):
+            first, last = first or reading, reading
         gpus = snap.gpu.gpus
-        power.append(sum(g.power_w or 0.0 for g in gpus))
         util += [g.utilization_pct for g in gpus if g.utilization_pct is not None]
         mem = sum(g.memory_used_bytes or 0 for g in gpus)
         if snap.load.in_flight and mem:
             mem_per.append(mem / snap.load.in_flight / 1e6)
     energy = _energy_j(first, last)
-    tokens = (last.counters.output_tokens - first.counters.output_tokens) if last else 0
-    mean_w = sum(power) / len(power) if power else None
-    return GpuUse(tokens_per_joule=tokens / energy if energy else None,
-                  req_s_per_w=_per(r.rates.req_s, mean_w),
+    return GpuUse(tokens_per_joule=per_joule(first, last) if energy else None,
+                  req_s_per_w=per_joule(first, last, "requests_ok") if energy else None,
                   gpu_util_pct=sum(util) / len(util) if util else None,
                   gpu_memory_mb_per_in_flight=sum(mem_per) / len(mem_per) if mem_per else None,
-                  gpu_source=first.gpu.source if first else "none",
+                  gpu_source=source or "none",
                   energy_why=None if energy else "no GPU energy counter (no NVIDIA GPU seen)")
 
 
-def _energy_j(a, b) -> float | None:
-    if a is None or b is None:
+def _inside(r: Report, t: float) -> bool:
+    """Within the report's measured window (after warm-up, before the drain)."""
+    return r.measured_from is not None and r.measured_to is not None \
+        and r.measured_from <= t <= r.measured_to
+
+
+def _energy_j(a: Reading | None, b: Reading | None) -> float | None:
+    """Joules between two readings of the same GPUs; None without two, or when the counter
+    went down (a driver reload)."""
+    if a is None or b is None or a is b or a.gpus != b.gpus:
         return None
-    ea, eb = [g.energy_j for g in a.gpu.gpus], [g.energy_j for g in b.gpu.gpus]
-    if not ea or len(ea) != len(eb) or None in ea or None in eb:
-        return None
-    used = sum(eb) - sum(ea)
+    used = b.energy_j - a.energy_j
     return used if used > 0 else None
 
 

@@ -76,9 +76,9 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
             "req_s": run.req_s,
             # requests/s within every --slo limit (None when no --slo was given)
             "goodput_req_s": run.goodput_req_s if cfg.slo else None,
-            # what one user sees stream in: 1 / TPOT, so its median is 1 / median TPOT and
-            # its slow tail (p10) is 1 / TPOT's p90
-            "per_user_tok_s": _per_user(run.latency.get("tpot")),
+            # what one user sees stream in: 1 / TPOT request by request, its median and slow
+            # tail (p10); the console's user tok/s is the same (windows.per_user_tok_s)
+            "per_user_tok_s": run.user_tok_s,
         },
         "latency_ms": latency,
         # reasoning models: present only when some completed request reasoned
@@ -135,18 +135,29 @@ def _reasoning(run: WindowStats) -> dict:
 
 
 def _prefix_cache(run: WindowStats, server: ServerMetrics | None) -> dict:
-    """{"prefix_cache": …} when the answers reported cached prompt tokens (or the server's
-    /metrics a hit rate), else {}."""
+    """{"prefix_cache": …} over the run window when the answers reported cached prompt
+    tokens (or the server's /metrics its cache), else {}.
+
+    The server's hit rate is its own counters' difference over the run window (restarts
+    summed across: windows.ServerCache), never the last scrape interval's, which after a
+    drain holds no lookup at all. An engine with only a hit-rate gauge (vLLM V0, SGLang)
+    gives that gauge's last value, and no counts."""
     c = run.counters
     reported = c.cache_reported_input_tokens if c else 0
-    server_rate = server.prefix_cache_hit_rate if server and server.ok else None
-    if not reported and server_rate is None:
+    queries = run.server_cache_queries
+    server_rate = run.server_cache_hit_rate
+    if queries is None and server is not None and server.ok:
+        server_rate = server.prefix_cache_hit_rate  # a gauge: there is nothing to difference
+    if not reported and server_rate is None and not queries:
         return {}
     return {"prefix_cache": {
         "cached_tokens": c.cached_tokens if c else 0,
         # cached / prompt tokens, over the completed requests whose answer said
         "hit_rate": round(c.cached_tokens / reported, 4) if c and reported else None,
         "server_hit_rate": None if server_rate is None else round(server_rate, 4),
+        # prompt tokens the server looked up in its cache, and found, over the run window
+        "server_queries": None if queries is None else round(queries),
+        "server_hits": None if run.server_cache_hits is None else round(run.server_cache_hits),
     }}
 
 
@@ -175,13 +186,6 @@ def _input_per_request(run: WindowStats) -> dict | None:
         return None
     return {"server": round(server, 1), "asked": round(asked, 1),
             "differs": run.input_differs}
-
-
-def _per_user(tpot: dict | None) -> dict[str, float | None]:
-    def inv(us: float | None) -> float | None:
-        return None if not us else 1e6 / us
-
-    return {"p50": inv((tpot or {}).get("p50")), "p10": inv((tpot or {}).get("p90"))}
 
 
 def exit_status(summary: dict, recording_failed: str | None = None) -> tuple[int, str]:

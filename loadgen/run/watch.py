@@ -10,8 +10,9 @@ source that was recorded without one (or with other SLOs): `tokentop replay --sl
   failing ("slo", warn) and when it holds again ("slo", info).
 * GPU throttling: an event when a GPU's clocks start being held back for a reason
   that matters (power cap, thermal, …; not idle) and when that ends.
-* Tokens per joule: output tokens over GPU energy across the last ~10 s, put in
-  `Snapshot.efficiency`.
+* Tokens per joule: output tokens over GPU energy across the last ~10 s, both over the
+  same times (loadgen.model.energy: fresh GPU readings only, the tokens counted by each),
+  put in `Snapshot.efficiency`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 
 from loadgen.model import units
+from loadgen.model.energy import EnergyReadings, Reading, per_joule
 from loadgen.model.slo import Slos
 from loadgen.model.snapshot import Control, Efficiency, Event, Snapshot
 from loadgen.model.source import SnapshotSource, SourceStatus
@@ -38,7 +40,8 @@ class Watch:
         self._failing: set[str] = set()
         self._last_second: int | None = None
         self._throttled: dict[int, frozenset[str]] = {}
-        self._energy: deque[tuple[float, float, int]] = deque()
+        self._readings = EnergyReadings()
+        self._energy: deque[Reading] = deque()
 
     def observe(self, snap: Snapshot, windows: SnapshotWindows) -> None:
         """Add this tick's derived events to `snap.events` and its efficiency."""
@@ -54,6 +57,7 @@ class Watch:
         self._failing.clear()
         self._last_second = None
         self._throttled.clear()
+        self._readings.reset()
         self._energy.clear()
 
     # ---- SLO thresholds --------------------------------------------------------------------
@@ -98,15 +102,19 @@ class Watch:
                                          message=f"GPU {g.index} clocks no longer held back"))
 
     def _efficiency(self, snap: Snapshot) -> None:
-        energy = [g.energy_j for g in snap.gpu.gpus if g.energy_j is not None and not g.lost]
-        if not energy:
-            return
-        self._energy.append((snap.t, sum(energy), snap.counters.output_tokens))
-        while len(self._energy) > 2 and self._energy[1][0] <= snap.t - ENERGY_WINDOW_S:
+        """Tokens per joule between the fresh GPU readings of the last ~10 s: the energy
+        between two readings, and the tokens counted between the same two times."""
+        reading = self._readings.see(snap)
+        if not self._readings.counting:
+            return  # no energy counter on this tick: no figure
+        if reading is not None:
+            self._energy.append(reading)
+        while len(self._energy) > 2 and self._energy[1].t <= snap.t - ENERGY_WINDOW_S:
             self._energy.popleft()
-        (_, e0, n0), (_, e1, n1) = self._energy[0], self._energy[-1]
-        if e1 > e0:
-            snap.efficiency = Efficiency(tokens_per_joule=(n1 - n0) / (e1 - e0))
+        if len(self._energy) >= 2:
+            tpj = per_joule(self._energy[0], self._energy[-1])
+            if tpj is not None:
+                snap.efficiency = Efficiency(tokens_per_joule=tpj)
 
 
 class WatchedSource:

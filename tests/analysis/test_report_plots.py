@@ -113,8 +113,11 @@ def test_report_md_speaks_in_words_and_withholds_a_short_slope(reported, run_dir
     assert re.search(r"Limit \(5x the median per-tick P99\): TTFT [\d.]+ ms, ITL [\d.]+ ms; "
                      r"intervals above it: TTFT \d+, ITL \d+\.", md)
     assert "MB/h" not in md and "MB/h" not in proc.stdout
+    # the RSS samples' span, from the recording: the load's ticks, up to the first draining
+    # one (what the drain frees is no trend)
     snaps = snapshots(run_dir)
-    span = snaps[-1].elapsed - snaps[0].elapsed  # the RSS samples' span, from the recording
+    load_end = next(s for s in snaps if s.load.state in ("draining", "stopped"))
+    span = load_end.elapsed - snaps[0].elapsed
     said = f"run too short for a slope ({span:.1f} s; needs ≥ 10.0 min)"
     assert f"Server RSS: {said}" in md and "server RSS " in proc.stdout and said in proc.stdout
     r = json.loads((where / "report.json").read_text())

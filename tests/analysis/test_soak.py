@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from support import headless_argv
 
+from loadgen.analysis.report import markdown
 from loadgen.analysis.soak import TICK_METRICS, SoakAnalyzer, analyze
 from loadgen.analysis.soak_result import Bucket
 from loadgen.model import hdr
@@ -62,7 +63,7 @@ def series(ticks: list[dict], tick: float = 1.0) -> list[Snapshot]:
 def test_outages_mttr_and_success_rates():
     """By loadgen.model.outage: 4 s of connect errors is an outage (a quiet tick inside does
     not end it), 2 s is only errors; /metrics down is a server outage when held as long.
-    The success rate leaves the warm-up out, like the thresholds."""
+    The success rate leaves the warm-up out, like the thresholds and the summary."""
     ok = {"ok": 5, "ttft": [10_000] * 5}
     down = {"failed": 3, "srv_ok": False}
     quiet = {"srv_ok": False}  # nothing completed: does not end the outage
@@ -78,8 +79,9 @@ def test_outages_mttr_and_success_rates():
     assert [(o["start"] - T0, o["duration_s"]) for o in server] == [(5.0, 4.0), (19.0, 4.0)]
     assert server[0]["reason"] == "refused"
     assert r["mttr_s"]["client"] == pytest.approx(4.0)  # closed ones only
-    # after warm-up: 10 ticks of 5 ok, 9 ticks of 3 failed
-    assert r["success_rate"] == pytest.approx(50 / (50 + 27))
+    # after warm-up: 9 ticks of 5 ok (the tick in which the warm-up ended was partly warm-up,
+    # and is left out as the run's summary leaves it out), 9 ticks of 3 failed
+    assert r["success_rate"] == pytest.approx(45 / (45 + 27))
     assert r["success_rate_during_outages"] == 0.0
     assert r["availability"] == pytest.approx(1 - 8 / 23)
 
@@ -159,3 +161,21 @@ async def test_slo_exit_codes_and_default_run_dir(sim, tmp_path):
     for m in manifests:
         th = m["summary"]["thresholds"]
         assert {t["text"] for t in th} & {"ttft_p99<30s", "ttft_p99<1us"}
+
+
+def test_a_partial_last_bucket_is_listed_but_not_compared():
+    """25 ticks of 1 s in buckets of 10 s: two whole buckets at 50 tokens/s, then 5 s at
+    20 tokens/s (the run's end). The last bucket is listed, marked partial, and compared
+    with nothing: last / first is of the whole buckets (the truth: 50 / 50)."""
+    ticks = [{"ok": 5, "ttft": [10_000] * 5}] * 20 + [{"ok": 2, "ttft": [10_000] * 2}] * 5
+    r = analyze(series(ticks), bucket_s=10.0)
+    b = r["drift"]["buckets"]
+    assert [(x["seconds"], x["output_tok_s"], x.get("partial")) for x in b] == [
+        (10.0, 50.0, None), (10.0, 50.0, None), (5.0, 20.0, True)]
+    assert "vs_first" in b[1] and "vs_first" not in b[2]
+    assert r["drift"]["throughput_change"] == 1.0
+    md = markdown({**r, "manifest": {}, "status": "finished", "run_dir": "d", "warnings": []},
+                  [])
+    assert "| 2 (partial) |" in md
+    assert "last/first whole bucket: 1.000 (the last bucket, 5.0 s before the drain, is " \
+           "partial: not compared)" in md

@@ -3,7 +3,7 @@ suspect; if the server's RSS keeps climbing, a long soak will end badly."""
 
 from __future__ import annotations
 
-from loadgen.model import units
+from loadgen.model import trend, units
 from loadgen.model.snapshot import ClientSample, HostSample, ProcessSample, ServerMetrics
 from loadgen.model.windows import WindowStats
 from tui.format import MUTED, NO_SAMPLES, literal
@@ -53,8 +53,12 @@ def process_parts(p: ProcessSample | None) -> tuple[str, str]:
         return f"[{MUTED}]process not found[/]", ""
     rss = f"{lbl('RSS')}{units.bytes_(p.rss_bytes)}"
     if p.rss_slope_mb_h is not None:
-        trend = f"{p.rss_slope_mb_h:+.0f} MB/h"
-        rss += " " + _warn(trend, p.rss_slope_mb_h > RSS_GROWTH_WARN_MB_H)
+        slope = f"{p.rss_slope_mb_h:+.0f} MB/h"
+        rss += " " + _warn(slope, p.rss_slope_mb_h > RSS_GROWTH_WARN_MB_H)
+    elif p.rss_bytes is not None:
+        # the probe withholds a slope over too short a span (loadgen.model.trend), as the
+        # report does: say so, rather than leave the reader to wonder
+        rss += f" [{MUTED}]slope {units.NA} ({trend.needs()})[/]"
     cpu = f"{lbl('CPU')}{units.pct(p.cpu_pct, whole=100)}"
     name = f" [{MUTED}]{literal(p.name or '')} {p.pid}[/]" if p.name else f" [{MUTED}]{p.pid}[/]"
     return rss, cpu + name

@@ -64,26 +64,46 @@ def errors_line(ten: WindowStats | None, total: dict[str, int]) -> str:
     return f"{lbl('errors')}none"
 
 
-def cache_line(snap: Snapshot, ten: WindowStats | None) -> str | None:
-    """Prefix caching and conversations, only where there is any: the share of prompt tokens
-    the server served from its cache over the last 10 s (by the answers' usage), the server's
-    own hit rate from /metrics beside it, and the mean TTFT of each turn so far (--turns)."""
+def cache_lines(snap: Snapshot, ten: WindowStats | None, run: WindowStats | None) -> list[str]:
+    """Prefix caching and conversations, only where there is any, one window a line and
+    the window named: the last 10 s's share of prompt tokens served from the cache, by the
+    answers' usage and by the server's own counters (an engine with only a gauge: its
+    value, named so); the whole run's mean TTFT of each turn (--turns), after warm-up."""
+    lines = []
+    cache = _cache_parts(snap.server, ten)
+    if cache:
+        lines.append(f"{lbl('prefix cache')}{'  '.join(cache)}{_window('10 s')}")
+    c = run.counters if run is not None else None
+    turns = [(i + 1, t) for i, t in enumerate(c.turns if c else []) if t.requests]
+    if turns:
+        shown = " ".join(f"{n}:{t.ttft_us / t.requests / 1000:.0f}" for n, t in turns[:6])
+        lines.append(f"{lbl('TTFT ms by turn')}{shown}{_window('run')}")
+    return lines
+
+
+def _window(name: str) -> str:
+    """The window a line's figures are over, after them."""
+    return f"  [{MUTED}]({name})[/]"
+
+
+def _cache_parts(server: ServerMetrics | None, ten: WindowStats | None) -> list[str]:
     c = ten.counters if ten is not None else None
     parts = []
     if c is not None and c.cache_reported_input_tokens:
         share = c.cached_tokens / c.cache_reported_input_tokens
-        parts.append(f"{lbl('prefix cache')}[b]{units.pct(share)}[/] of prompt tokens")
-    server = snap.server
-    if server is not None and server.ok and server.prefix_cache_hit_rate is not None:
-        parts.append(f"{lbl('server')}{units.pct(server.prefix_cache_hit_rate)}")
-    turns = [(i + 1, t) for i, t in enumerate(snap.counters.turns) if t.requests]
-    if turns:
-        shown = " ".join(f"{n}:{t.ttft_us / t.requests / 1000:.0f}" for n, t in turns[:6])
-        parts.append(f"{lbl('TTFT ms by turn')}{shown}")
-    return "  ".join(parts) if parts else None
+        parts.append(f"[b]{units.pct(share)}[/] of prompt tokens")
+    rate = ten.server_cache_hit_rate if ten is not None else None
+    if rate is not None:
+        parts.append(f"{lbl('server')}{units.pct(rate)}")
+    elif ten is not None and ten.server_cache_queries is None and server is not None \
+            and server.ok and server.prefix_cache_hit_rate is not None:
+        # no counters to difference over the window: the engine's own gauge, as it says it
+        parts.append(f"{lbl('server gauge')}{units.pct(server.prefix_cache_hit_rate)}")
+    return parts
 
 
-def load_lines(snap: Snapshot, ten: WindowStats | None) -> list[str]:
+def load_lines(snap: Snapshot, ten: WindowStats | None,
+               run: WindowStats | None = None) -> list[str]:
     load = snap.load
     state = ""
     if load.warmup:
@@ -97,15 +117,14 @@ def load_lines(snap: Snapshot, ten: WindowStats | None) -> list[str]:
         rates_line(ten),
         errors_line(ten, snap.counters.errors),
     ]
-    cache = cache_line(snap, ten)
-    return [*lines, cache] if cache else lines
+    return lines + cache_lines(snap, ten, run)
 
 
 class LoadPanel(Panel):
     TITLE = "Load"
 
     def render_view(self, view: View, width: int) -> tuple[str, str]:
-        lines = load_lines(view.snap, view.stats.get("10s"))
+        lines = load_lines(view.snap, view.stats.get("10s"), view.stats.get("run"))
         if view.snap.load.note:
             lines.append(f"[$accent]{literal(view.snap.load.note)}[/]")
         hist = view.history

@@ -27,12 +27,9 @@ def _row(label: str, values: list[str], estimated: bool = False) -> str:
 
 
 def per_user(s: WindowStats | None) -> float | None:
-    """What one user sees stream in, tokens per second: 1 / the mean per-token gap (ITL,
-    recorded as tokens arrive, so a long generation counts before it finishes; TPOT would
-    wait for the request to end)."""
-    itl = s.latency.get("itl") if s else None
-    mean = itl.get("mean") if itl else None
-    return 1e6 / mean if mean else None
+    """What one user sees stream in, tokens per second: the median of 1 / TPOT over the
+    window's completed requests, the summary's per_user_tok_s p50 (windows.per_user_tok_s)."""
+    return s.user_tok_s["p50"] if s else None
 
 
 def rate_rows(stats: Mapping[str, WindowStats], windows: list[str], goodput: bool) -> list[str]:
