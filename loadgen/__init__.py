@@ -5,7 +5,7 @@ built"; the rule is tests/test_layout.py):
 
     model/     the shared vocabulary (imports nothing of ours): snapshot, kinds, notice,
                source (SnapshotSource, its status, a run's outcome), units (every parser
-               and formatter of figures), slo, outage, hdr, windows, urls
+               and formatter of figures), slo, outage, windows, trend, energy, hdr, urls
     worker/    the hot path, inside the load worker processes (model only): main, load,
                envelope (one request, both clients), client + http_stream, openai_client,
                sse, stream_measure, interval, workload, distributions, conversation,

@@ -132,8 +132,9 @@ class Counters(msgspec.Struct, kw_only=True):
     # the asked prompt length, summed over the requests whose server reported its count,
     # so (input_tokens − estimated_input_tokens) / input_tokens_asked compares like with like
     input_tokens_asked: int = 0
-    # token gaps in ITL whose per-token split was estimated (chunks carrying several tokens
-    # with no per-chunk usage: the final count spread over the chunks by text length)
+    # token gaps in ITL whose per-token split was estimated (no per-chunk usage and no local
+    # tokenizer: the final count split over the chunks in whole tokens by their text, or,
+    # with no usage at all, one token a chunk)
     estimated_itl_tokens: int = 0
     # latency samples above the histogram's range (1 h), recorded at its top
     clipped_samples: int = 0

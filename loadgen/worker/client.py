@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from collections.abc import Callable
 from time import perf_counter
 
 import msgspec
@@ -36,8 +35,8 @@ from loadgen.model.slo import Slo
 from loadgen.worker.envelope import RequestEnvelope
 from loadgen.worker.http_stream import Endpoint, Outcome, StreamConnection, open_connection
 from loadgen.worker.interval import IntervalRecorder
-from loadgen.worker.sse import Chunk
 from loadgen.worker.stream_measure import StreamMeasure
+from loadgen.worker.tokenizer import ChunkTokens
 
 CONNECT_TIMEOUT_S = 10.0
 
@@ -56,7 +55,7 @@ class StreamingClient(RequestEnvelope[bytes]):
         timeout: float = 600.0,
         slo: Slo | None = None,
         calibrate: bool = False,
-        chunk_tokens: Callable[[Chunk], int] | None = None,
+        chunk_tokens: ChunkTokens | None = None,
     ) -> None:
         super().__init__(rec, timeout=timeout, slo=slo, calibrate=calibrate,
                          chunk_tokens=chunk_tokens)

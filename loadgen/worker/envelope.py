@@ -24,15 +24,14 @@ errors). Per chunk the envelope adds nothing: chunks go from the transport to th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from time import perf_counter, time_ns
 from typing import Generic, TypeVar
 
 from loadgen.model.outage import FIRST_TOKEN_STALL_FACTOR, STALL_AFTER_S, Stalled
 from loadgen.model.slo import Slo
 from loadgen.worker.interval import IntervalRecorder
-from loadgen.worker.sse import Chunk
 from loadgen.worker.stream_measure import ConversationMeasure, StreamMeasure, Turn
+from loadgen.worker.tokenizer import ChunkTokens
 
 P = TypeVar("P")  # a request as the client's transport sends it
 
@@ -47,7 +46,7 @@ class RequestEnvelope(Generic[P]):
         timeout: float,
         slo: Slo | None,
         calibrate: bool,
-        chunk_tokens: Callable[[Chunk], int] | None,
+        chunk_tokens: ChunkTokens | None,
     ) -> None:
         self.rec = rec
         self.timeout = timeout

@@ -14,7 +14,6 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable
 
 from loadgen.worker import eventloop, wire
 from loadgen.worker.client import StreamingClient
@@ -22,8 +21,8 @@ from loadgen.worker.conversation import Conversation
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.limits import raise_open_file_limit
 from loadgen.worker.load import ClosedLoop, OpenLoop, Schedule
-from loadgen.worker.sse import Chunk
 from loadgen.worker.stream_measure import Turn
+from loadgen.worker.tokenizer import ChunkTokens
 from loadgen.worker.trace import read_trace
 from loadgen.worker.workload import Prepared, RequestFactory
 
@@ -221,7 +220,7 @@ class Worker:
 
 
 def make_client(cfg: wire.Configure, url: str, rec: IntervalRecorder,
-                chunk_tokens: Callable[[Chunk], int] | None = None):
+                chunk_tokens: ChunkTokens | None = None):
     """The client; `chunk_tokens` (a local tokenizer's count of a chunk's tokens) counts
     them when the server sends no per-chunk usage."""
     kw = {"authorization": cfg.authorization, "timeout": cfg.request_timeout, "slo": cfg.slo,

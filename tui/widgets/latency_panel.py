@@ -85,8 +85,8 @@ def table(
             count = summary.get("count", 0) if summary else 0
             line += f"[{MUTED}]{count:>{COL_W},}[/]"
         if metric == "itl" and stats is not None and stats.itl_estimated:
-            # several tokens a chunk and no per-chunk usage: each request's count was spread
-            # over its chunks by text length
+            # no per-chunk usage and no tokenizer: each request's count was split over its
+            # chunks by their text (or, with no usage at all, one token a chunk)
             line += " [$warning]est.[/]"
         lines.append(line)
     return lines
