@@ -111,6 +111,9 @@ async def calibrate_main(plan: CalibratePlan) -> int:
     cfg = RunConfig(
         concurrency=0, output_tokens=str(plan.output_tokens), input_tokens="16",
         client=plan.client, workers=plan.workers, tick=0.5, calibrate=True, drain_grace=2.0,
+        # the exact-timing server batches nothing, so streams in step measure nothing wrong;
+        # started together, every step holds its full load from its first second
+        stagger=0.0,
         sim=SimConfig(exact_ttft_ms=plan.ttft_ms, exact_itl_ms=plan.itl_ms),
     )
     # a Session like every run, unrecorded: a calibration measures this machine, not a server

@@ -63,6 +63,9 @@ class RunConfig(msgspec.Struct, kw_only=True):
     # load
     mode: str = "closed"  # closed | open
     concurrency: int = 8
+    # closed loop: streams started together start spread out (loadgen.worker.load.Stagger):
+    # over this many seconds, 0 all at once, None (auto) over one request's time
+    stagger: float | None = None
     rate: float = 1.0  # open loop, requests/s
     arrival: str = "poisson"  # constant | poisson | gamma
     burstiness: float = 1.0  # gamma shape

@@ -165,8 +165,8 @@ class Coordinator:
         self.steer.begin()
         self.state = "running"
         workload = self.parsed.workload(cfg, model, self.lengths)
-        self._event("run", f"run started: {self.steer.load_text()}; {workload.describe()}; "
-                    f"model {model}; {self.lengths.note}")
+        self._event("run", f"run started: {self.steer.load_text()}{self.steer.stagger_text()}; "
+                    f"{workload.describe()}; model {model}; {self.lengths.note}")
 
     def _about(self) -> str | None:
         """The embedded simulator in words (profile, slots, KV budget, faults at start), the
@@ -218,7 +218,7 @@ class Coordinator:
                 max_requests=None if cfg.max_requests is None
                 else cfg.max_requests // n + (1 if i < cfg.max_requests % n else 0),
                 calibrate=cfg.calibrate, authorization=self.secrets.authorization(),
-                trace=cfg.trace,
+                trace=cfg.trace, stagger=cfg.stagger,
             )
             for i in range(n)
         ]

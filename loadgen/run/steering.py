@@ -20,6 +20,7 @@ from collections.abc import Callable
 import msgspec
 import numpy as np
 
+from loadgen.model import units
 from loadgen.model.snapshot import Control, Counters
 from loadgen.run.auto_ramp import AutoRamp
 from loadgen.run.config import Parsed, RunConfig
@@ -192,6 +193,18 @@ class Steering:
         return None
 
     # ---- words -----------------------------------------------------------------------------
+
+    def stagger_text(self) -> str:
+        """How the closed loop's streams start (loadgen.worker.load.Stagger), for the start."""
+        s = self.spec
+        if s.mode != "closed" or s.concurrency < 2:
+            return ""
+        spread = self.cfg.stagger
+        if spread is None:
+            return ", started spread over one request's time (--stagger auto)"
+        if spread == 0:
+            return ", all started at once (--stagger 0: in lock-step when requests are alike)"
+        return f", started spread over {units.duration(spread)} (--stagger)"
 
     def load_text(self) -> str:
         s = self.spec

@@ -1,9 +1,19 @@
 """Load control inside a worker: closed loop (N users) and open loop (a request rate).
 
 Closed loop: N simulated users, each sending its next request when the last
-ends. The target can change at any moment. Raising it starts users at once;
-lowering it lets the surplus users finish the request they are in and then
-leave, so turning load down never shows up as cancelled requests.
+ends. The target can change at any moment. Raising it starts users (spread out,
+see Stagger); lowering it lets the surplus users finish the request they are in
+and then leave, so turning load down never shows up as cancelled requests.
+
+Stagger: streams that start at one instant stay in step when the requests are
+alike (fixed lengths), so every round the server prefills the whole batch at once
+and TTFT measures that lock-step, not a server under steady load (598 ms against
+68 ms for the same server with varied lengths). So several streams started
+together are spread out, as Locust and k6 ramp their users: by default (auto) the
+first goes at once and measures one request's time, and each of the others starts
+at a random moment within that time; `--stagger S` spreads them over S seconds, and
+`--stagger 0` starts them all at once. One stream added alone (`+`) starts at once,
+and the same spread applies when a paused load resumes.
 
 Open loop over several workers: the process at the server must be the one
 asked for whatever the worker count (a constant 10 req/s split as four
@@ -84,6 +94,39 @@ class Arrivals:
 # thousands of refused connections a second that swamps the worker and the error counts.
 RECONNECT_BACKOFF_S = (0.05, 1.0)
 
+AUTO_STAGGER_WAIT_S = 10.0  # auto: how long the others wait for the first request's time …
+AUTO_STAGGER_MAX_S = 30.0  # … and the widest spread (a very long request would stall the start)
+
+
+class Stagger:
+    """When each stream of a group started together sends its first request (see the
+    module's docstring). `spread`: seconds to spread them over, 0 for all at once, or None
+    for auto: over one request's time as measured (the latest that reached the server)."""
+
+    def __init__(self, spread: float | None, seed: int = 0) -> None:
+        self.spread = spread
+        self.rng = random.Random(seed)
+        self.measured: float | None = None
+        self._known = asyncio.Event()
+        self._pathfinder_sent = False
+
+    def took(self, seconds: float) -> None:
+        """A request reached the server and ended after `seconds`."""
+        self.measured = seconds
+        self._known.set()
+
+    async def window(self) -> float:
+        """The spread for one stream of a group (0: go now)."""
+        if self.spread is not None:
+            return self.spread
+        if self.measured is None and not self._pathfinder_sent:
+            self._pathfinder_sent = True  # this one goes first and measures
+            return 0.0
+        if self.measured is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._known.wait(), AUTO_STAGGER_WAIT_S)
+        return min(self.measured or AUTO_STAGGER_WAIT_S, AUTO_STAGGER_MAX_S)
+
 
 class ClosedLoop:
     """`send_one(user)` sends user `user`'s next request; `think(user)`, if given, is the
@@ -91,9 +134,11 @@ class ClosedLoop:
     the drain ends the wait at once, so a thinking user never holds a stop up)."""
 
     def __init__(self, send_one: Callable[[int], Awaitable[bool]],
-                 think: Callable[[int], float] | None = None) -> None:
+                 think: Callable[[int], float] | None = None,
+                 stagger: Stagger | None = None) -> None:
         self._send_one = send_one
         self._think = think
+        self.stagger = stagger or Stagger(0.0)
         self.target = 0
         self._users: dict[int, asyncio.Task] = {}
         self._running = asyncio.Event()
@@ -109,12 +154,13 @@ class ClosedLoop:
         self.target = max(0, n)
         if self._stopping:
             return
-        for uid in range(self.target):
-            old = self._users.get(uid)
-            if old is None or old.done():
-                task = asyncio.create_task(self._user(uid), name=f"user-{uid}")
-                self._users[uid] = task
-                task.add_done_callback(self._forget)
+        new = [uid for uid in range(self.target)
+               if (old := self._users.get(uid)) is None or old.done()]
+        spread = len(new) > 1  # one stream added alone has nothing to be in step with
+        for uid in new:
+            task = asyncio.create_task(self._user(uid, spread), name=f"user-{uid}")
+            self._users[uid] = task
+            task.add_done_callback(self._forget)
 
     def _forget(self, task: asyncio.Task) -> None:
         uid = int(task.get_name().removeprefix("user-"))
@@ -128,14 +174,19 @@ class ClosedLoop:
         else:
             self._running.set()
 
-    async def _user(self, uid: int) -> None:
+    async def _user(self, uid: int, spread: bool) -> None:
         first, cap = RECONNECT_BACKOFF_S
         backoff = first
+        if spread:
+            await self._spread()
         while uid < self.target and not self._stopping:
             if not self._running.is_set():
                 await self._running.wait()
+                await self._spread()  # the whole group resumes at once: spread it again
                 continue
+            t0 = perf_counter()
             if await self._send_one(uid):
+                self.stagger.took(perf_counter() - t0)
                 backoff = first
                 wait = self._think(uid) if self._think is not None else 0.0
                 if wait > 0 and not self._stopping:
@@ -143,6 +194,12 @@ class ClosedLoop:
             else:
                 await asyncio.sleep(backoff)
                 backoff = min(cap, backoff * 2)
+
+    async def _spread(self) -> None:
+        """Wait a random moment within the stagger's window (or less if the loop stops)."""
+        window = await self.stagger.window()
+        if window > 0 and not self._stopping:
+            await self._sleep(self.stagger.rng.uniform(0.0, window))
 
     async def _sleep(self, seconds: float) -> None:
         """Wait `seconds`, or less if the loop stops meanwhile."""

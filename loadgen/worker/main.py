@@ -20,7 +20,7 @@ from loadgen.worker.client import StreamingClient
 from loadgen.worker.conversation import Conversation
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.limits import raise_open_file_limit
-from loadgen.worker.load import ClosedLoop, OpenLoop, Schedule
+from loadgen.worker.load import ClosedLoop, OpenLoop, Schedule, Stagger
 from loadgen.worker.stream_measure import Turn
 from loadgen.worker.tokenizer import ChunkTokens
 from loadgen.worker.trace import read_trace
@@ -70,7 +70,8 @@ class Worker:
         self.conversations: dict[int, Conversation] = {}
         turns = cfg.workload.turns > 1
         self.closed = ClosedLoop(self._send_turn if turns else self._send_one,
-                                 self._think if turns else None)
+                                 self._think if turns else None,
+                                 Stagger(cfg.stagger, cfg.workload.seed * 31 + cfg.index))
         # one seed for every worker: they all draw the same global arrival sequence
         self.open = OpenLoop(self._send_at, cfg.workload.seed, self._backlog_overflow)
         # read now, before this worker answers that it is up: not while arrivals are due

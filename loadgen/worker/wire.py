@@ -65,6 +65,9 @@ class Configure(msgspec.Struct, tag="configure", kw_only=True):
     # the target's Authorization header value (a secret: this pipe is the only way it travels)
     authorization: str | None = None
     trace: str | None = None  # --trace FILE: read once at start (loadgen.worker.trace)
+    # closed loop: the spread of streams started together (loadgen.worker.load.Stagger):
+    # seconds, 0 for all at once, None for one request's time as measured
+    stagger: float | None = None
 
 
 class SetLoad(msgspec.Struct, tag="set_load"):

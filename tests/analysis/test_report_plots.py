@@ -47,8 +47,9 @@ async def record_run(out: Path) -> None:
     from 3.5 s to 5 s, steered by the Snapshots' own clock."""
     real_steps = {k: getattr(SimConfig(), k) for k in FAST}
     async with running_sim(**real_steps) as sim:
+        # started at once (--stagger 0), so they finish together: the case that broke it
         cfg = RunConfig(url=sim.url, concurrency=8, duration=SECONDS, tick=0.5, workers=1,
-                        drain_grace=1.0, out=str(out), tokenizer="none")
+                        drain_grace=1.0, out=str(out), tokenizer="none", stagger=0.0)
         session = Session(cfg)
         await session.start()
         steps = [(2.0, Control(op="mark", note=NOTE, source="key")),

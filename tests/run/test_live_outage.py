@@ -207,7 +207,7 @@ def test_a_frozen_server_is_a_stall_then_an_outage_then_a_recovery(tmp_path):
         run = subprocess.Popen(
             headless_argv(url=f"http://127.0.0.1:{port}/v1", concurrency=3, workers=1,
                           tick=TICK, duration=60.0, output_tokens="2000", input_tokens="8",
-                          request_timeout=120.0, drain_grace=0.5, out=out),
+                          request_timeout=120.0, drain_grace=0.5, out=out, stagger=0),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             text=True)
         said = Lines(run.stderr)
@@ -266,9 +266,11 @@ async def test_a_slow_first_token_at_a_healthy_server_is_no_outage(tmp_path):
     out = tmp_path / "run"
     async with running_sim(prefill_ms_per_token=1.0, prefill_chunk_tokens=8192,
                            kv_tokens=65536) as sim:
+        # both streams at once (--stagger 0): both wait for a first token together, the case
+        # that read as a frozen server
         proc = await start_headless(out, url=sim.url, concurrency=2, duration=16.0,
                                     input_tokens="7000", output_tokens="16",
-                                    tokenizer="none", drain_grace=0.5)
+                                    tokenizer="none", drain_grace=0.5, stagger=0)
         await finish(proc)
         served = dict(sim.server.faults.injected)
     snaps = list(iter_snapshots(out))

@@ -41,8 +41,9 @@ async def finish(coord: Coordinator) -> list:
 
 
 async def test_concurrency_changes_show_in_the_next_snapshot(sim):
+    # every stream at once (--stagger 0): what is checked is the tick a change shows in
     coord = await started(RunConfig(url=sim.url, concurrency=2, output_tokens="500",
-                                    workers=1, tick=0.25, drain_grace=0.5))
+                                    workers=1, tick=0.25, drain_grace=0.5, stagger=0.0))
     try:
         await run_until(coord, lambda s: s.load.in_flight == 2)
         await coord.control(Control(op="set_concurrency", value=6))

@@ -76,6 +76,11 @@ def latency_ms(text: str) -> float:
     return _typed(units.parse_latency_us, text, bare="ms") / 1e3
 
 
+def stagger(text: str) -> float | None:
+    """--stagger: auto (None), or seconds, 0 or more."""
+    return None if text.strip().lower() == "auto" else seconds_or_zero(text)
+
+
 def fraction(text: str) -> float:
     """A fraction between 0 and 1, or a percentage (0.05, 5%)."""
     return _typed(units.parse_fraction, text)
@@ -180,6 +185,10 @@ def add_target_arguments(p: argparse.ArgumentParser) -> None:
 def add_mode_argument(g: argparse._ActionsContainer) -> None:
     g.add_argument("--mode", choices=("closed", "open"), default="closed",
                    help="closed: N concurrent streams; open: a request rate")
+    g.add_argument("--stagger", type=stagger, default=None, metavar="auto|S",
+                   help="closed loop: streams started together start spread over one "
+                   "request's time as measured (auto, the default), over S seconds, or all "
+                   "at once (0: in lock-step, when the requests are alike)")
 
 
 def add_load_level_arguments(g: argparse._ActionsContainer) -> None:
