@@ -19,8 +19,8 @@ built"; the rule is tests/test_layout.py):
                probes): session, coordinator, steering, pool, config, secrets, preflight,
                embedded_sim, resume, ramp, auto_ramp, watch, sinks, summary, headless,
                run_process, heap
-    analysis/  what runs leave behind (run and below): soak, soak_result, report, compare,
-               sweep, calibrate
+    analysis/  what runs leave behind (run and below): soak, soak_result, outage_views,
+               report, compare, sweep, calibrate
     eval/      the evaluation battery (analysis and below): phases, plan, battery, results,
                matrix, proxy, output
 """

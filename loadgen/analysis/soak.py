@@ -54,11 +54,11 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from dataclasses import dataclass, field
 
 import msgspec
 import numpy as np
 
+from loadgen.analysis.outage_views import OpenSpan, Outage, as_events, union
 from loadgen.analysis.soak_result import (
     Bucket,
     DrainCounts,
@@ -68,7 +68,6 @@ from loadgen.analysis.soak_result import (
     LongTail,
     Measured,
     Mttr,
-    OutageRecord,
     Rates,
     Requests,
     RunTarget,
@@ -82,7 +81,6 @@ from loadgen.analysis.soak_result import (
 )
 from loadgen.model import hdr
 from loadgen.model.outage import GAP_EPSILON_S, OUTAGE_MIN_S, OutageTracker, Tick
-from loadgen.model.outage import Outage as TrackedOutage
 from loadgen.model.slo import Slos, evaluate_thresholds, rates_from
 from loadgen.model.snapshot import Counters, Snapshot
 from loadgen.model.trend import long_enough
@@ -108,47 +106,6 @@ NAN = float("nan")
 
 
 # ---- analysing -----------------------------------------------------------------------------
-
-
-@dataclass
-class Outage:
-    kind: str  # client | server
-    start: float
-    end: float
-    start_rel: float = 0.0
-    ongoing: bool = False  # still going at the last Snapshot
-    failed: int = 0  # requests that failed inside it (client)
-    errors: dict[str, int] = field(default_factory=dict)
-    reason: str | None = None  # client: why, in words; server: the probe's words
-    gap_s: float = 0.0  # recording gaps inside it: not counted in its duration
-
-    @property
-    def duration_s(self) -> float:
-        return max(0.0, self.end - self.start - self.gap_s)
-
-    @classmethod
-    def of_client(cls, o: TrackedOutage, start_time: float, ongoing: bool) -> Outage:
-        return cls(kind="client", start=o.start, end=o.last_t if o.end is None else o.end,
-                   start_rel=round(o.start - start_time, 3), ongoing=ongoing, failed=o.failed,
-                   errors=dict(o.errors), reason=o.words(), gap_s=round(o.gap_s, 3))
-
-    def record(self) -> OutageRecord:
-        return OutageRecord(kind=self.kind, start=self.start, end=self.end,
-                            start_rel=self.start_rel, ongoing=self.ongoing, failed=self.failed,
-                            errors=dict(self.errors), reason=self.reason, gap_s=self.gap_s,
-                            duration_s=round(self.duration_s, 3))
-
-
-@dataclass
-class _Open:
-    start: float
-    start_rel: float
-    last_end: float
-    failed: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-    reason: str | None = None
-    covered_s: float = 0.0
-    gap_s: float = 0.0
 
 
 class _Slope:
@@ -233,7 +190,7 @@ class SoakAnalyzer:
         self.outages: list[Outage] = []
         self.gaps: list[Gap] = []
         self.tracker = OutageTracker()  # the one definition (loadgen.model.outage)
-        self._metrics_down: _Open | None = None  # the server outage (/metrics) being seen
+        self._metrics_down: OpenSpan | None = None  # the server outage (/metrics) being seen
         self.stalls: list[Stall] = []  # stall episodes, the first STALL_LIST_MAX
         self.stall_count = 0
         # ticks of the current stretch of trouble (a quiet span or /metrics down), kept until
@@ -390,7 +347,7 @@ class SoakAnalyzer:
                 self._keep_server(cur, ongoing=False)
         elif self._server_seen_ok:
             if cur is None:
-                cur = self._metrics_down = _Open(snap.t - snap.interval, rel - snap.interval,
+                cur = self._metrics_down = OpenSpan(snap.t - snap.interval, rel - snap.interval,
                                                  snap.t, reason=srv.error)
             elif uncovered > GAP_EPSILON_S:
                 cur.gap_s += uncovered  # a recording gap: not time /metrics was seen down
@@ -400,7 +357,7 @@ class SoakAnalyzer:
         else:
             self.server_never_ok_reason = srv.error or "no answer"
 
-    def _keep_server(self, cur: _Open, ongoing: bool) -> Outage | None:
+    def _keep_server(self, cur: OpenSpan, ongoing: bool) -> Outage | None:
         """The /metrics span as a server outage, if it was held long enough to be one."""
         if cur.covered_s < OUTAGE_MIN_S - 1e-9:
             return None
@@ -624,8 +581,8 @@ class SoakAnalyzer:
             drain=self._drain(),
             success_rate=_r(measured_ok / n if n else None, 6),
             success_rate_during_outages=_r(fault_ok / fault_n if fault_n else None, 6),
-            outages=_as_events(outages),
-            outage_events=len(_union([(o.start, o.end) for o in outages])),
+            outages=as_events(outages),
+            outage_events=len(union([(o.start, o.end) for o in outages])),
             mttr_s=self._mttr(outages),
             outage_s=round(self.tracker.outage_s, 3),
             availability=availability,
@@ -653,9 +610,9 @@ class SoakAnalyzer:
             closed = [o.duration_s for o in outages if o.kind == kind and not o.ongoing]
             return round(sum(closed) / len(closed), 3) if closed else None
 
-        union = _union([(o.start, o.end) for o in outages if not o.ongoing])
-        union_mean = round(sum(e - s - self._gap_within(s, e) for s, e in union)
-                           / len(union), 3) if union else None
+        spans = union([(o.start, o.end) for o in outages if not o.ongoing])
+        union_mean = round(sum(e - s - self._gap_within(s, e) for s, e in spans)
+                           / len(spans), 3) if spans else None
         return Mttr(client=mean("client"), server=mean("server"), any=union_mean)
 
     def _measured(self) -> tuple[Point, Point] | None:
@@ -742,32 +699,6 @@ def _ms(us: float | None) -> float | None:
 
 def _nan(x: float | None) -> float:
     return NAN if x is None else float(x)
-
-
-def _as_events(outages: list[Outage]) -> list[OutageRecord]:
-    """The records, in order of start, each numbered by the event it belongs to: spans that
-    overlap are one failure seen twice (the client's outage and /metrics' silence)."""
-    records: list[OutageRecord] = []
-    event, end = 0, None
-    for o in outages:
-        if end is None or o.start > end:
-            event, end = event + 1, o.end
-        else:
-            end = max(end, o.end)
-        record = o.record()
-        record.event = event
-        records.append(record)
-    return records
-
-
-def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for s, e in sorted(spans):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
 
 
 def analyze(snapshots, **kw) -> dict:
