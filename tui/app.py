@@ -36,6 +36,7 @@ from loadgen.model.snapshot import (
     Control,
     Counters,
     Event,
+    HostSample,
     LoadState,
     Snapshot,
     Target,
@@ -397,7 +398,7 @@ class TokentopApp(App[None]):
             if snap is not None:
                 self.drawn_seq = snap.seq
 
-    def _host_view(self, host) -> View:
+    def _host_view(self, host: HostSample) -> View:
         """A view with only the host in it, while no Snapshot has come (the run waits for its
         target and sends the host meanwhile): the host panel's, not the run's."""
         snap = Snapshot(run_id="", seq=-1, t=time.time(), elapsed=0.0, interval=0.0,
