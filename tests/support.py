@@ -76,6 +76,39 @@ async def running_sim(**overrides: Any) -> AsyncIterator[RunningSim]:
         await sim.close()
 
 
+@contextlib.asynccontextmanager
+async def serving(app) -> AsyncIterator[str]:
+    """An aiohttp app of a test's own (a stub server, a DCGM exporter) on 127.0.0.1, on a
+    free port: its base URL, http://127.0.0.1:PORT."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def measured_stream(http: aiohttp.ClientSession, url: str, body: bytes,
+                          measure) -> tuple[bytes, list[dict]]:
+    """POST `body` to `url` and feed the stream to `measure` as it arrives (finished at the
+    end); the raw bytes and the stream's JSON events, read here from the same bytes."""
+    from time import perf_counter
+
+    raw = b""
+    async with http.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status == 200, resp.status
+        async for piece in resp.content.iter_any():
+            measure.feed(piece, perf_counter())
+            raw += piece
+    measure.finish()
+    events = [json.loads(e[6:]) for e in raw.decode().split("\n\n") if e.startswith("data: {")]
+    return raw, events
+
+
 def root(sim: RunningSim) -> str:
     return sim.url.removesuffix("/v1")
 

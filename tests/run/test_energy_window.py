@@ -16,7 +16,7 @@ import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
-from support import FIXTURES, headless_argv, scrape
+from support import FIXTURES, headless_argv, scrape, serving
 
 from loadgen.analysis.report import soak_report
 from loadgen.eval import battery
@@ -80,14 +80,8 @@ async def _exporter():
 
     app = web.Application()
     app.router.add_get("/metrics", page)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/metrics"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as base:
+        yield f"{base}/metrics"
 
 
 async def _record(tmp_path, load: dict):

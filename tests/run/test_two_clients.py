@@ -11,7 +11,7 @@ import json
 
 import pytest
 from aiohttp import web
-from support import FIXTURES, running_sim, tokentop
+from support import FIXTURES, running_sim, serving, tokentop
 
 from loadgen.worker.client import StreamingClient
 from loadgen.worker.interval import IntervalRecorder
@@ -39,21 +39,16 @@ def _capture_server(raw: bytes) -> web.Application:
 
 async def _through(client_type, raw: bytes):
     """The capture served over 127.0.0.1 and read by one client: its counters."""
-    runner = web.AppRunner(_capture_server(raw), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/chat/completions"
     rec = IntervalRecorder()
-    client = client_type(url, rec, timeout=20.0)
     body = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}],
                        "max_tokens": 4, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
-    try:
-        await client.request(body, 13)
-    finally:
-        client.close()
-        await runner.cleanup()
+    async with serving(_capture_server(raw)) as base:
+        client = client_type(f"{base}/v1/chat/completions", rec, timeout=20.0)
+        try:
+            await client.request(body, 13)
+        finally:
+            client.close()
     return rec.take()[0]
 
 

@@ -15,6 +15,7 @@ from time import perf_counter
 import aiohttp
 import numpy as np
 import pytest
+import support
 from support import running_sim
 from tokenizer_families import FAMILIES, PROSE, build, build_merging, save
 
@@ -108,16 +109,8 @@ async def _measured(http: aiohttp.ClientSession, url: str, counter: ChunkTokens)
     """One stream fed to its own StreamMeasure as it arrives, and its chunks' texts read here
     from the same bytes, for the truth: (the recorder, the texts)."""
     rec = IntervalRecorder()
-    raw = b""
     measure = StreamMeasure(rec, perf_counter(), 2, chunk_tokens=counter)
-    async with http.post(url + "/chat/completions", data=_body(),
-                         headers={"Content-Type": "application/json"}) as resp:
-        assert resp.status == 200
-        async for piece in resp.content.iter_any():
-            measure.feed(piece, perf_counter())
-            raw += piece
-    measure.finish()
-    events = [json.loads(e[6:]) for e in raw.decode().split("\n\n") if e.startswith("data: {")]
+    _, events = await support.measured_stream(http, url + "/chat/completions", _body(), measure)
     texts = [e["choices"][0]["delta"].get("content") for e in events if e["choices"]]
     return rec, [t for t in texts if t]
 

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 from aiohttp import web
+from support import serving
 
 from loadgen.model import hdr
 from loadgen.sim import start_sim
@@ -215,15 +216,8 @@ async def _llama_stream(request: web.Request) -> web.StreamResponse:
 async def llama_url() -> AsyncIterator[str]:
     app = web.Application()
     app.add_routes([web.post("/v1/chat/completions", _llama_stream)])
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}/v1/chat/completions"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as base:
+        yield f"{base}/v1/chat/completions"
 
 
 async def test_usage_on_the_last_text_chunk_is_the_final_count_not_that_chunks(llama_url):

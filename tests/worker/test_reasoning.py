@@ -15,8 +15,9 @@ import aiohttp
 import msgspec
 import numpy as np
 import pytest
+import support
 from aiohttp import web
-from support import running_sim, start_sim_process, tokentop
+from support import running_sim, serving, start_sim_process, tokentop
 from tokenizer_families import build
 
 from loadgen.sim.words import WORDS
@@ -44,21 +45,11 @@ def body(*, usage: bool, continuous: bool) -> bytes:
 async def measured_stream(url: str, data: bytes) -> tuple[StreamMeasure, list[dict], int]:
     """One stream fed to a StreamMeasure as it arrives, and its chunks decoded here for the
     truth: (the measure, the chunks as JSON, the wall-clock send time in ns)."""
-    rec = IntervalRecorder()
-    raw = b""
     async with aiohttp.ClientSession() as http:
         t0_ns = time.time_ns()
-        t0 = perf_counter()
-        measure = StreamMeasure(rec, t0, 2, t0_wall_ns=t0_ns)
-        async with http.post(url + "/chat/completions", data=data,
-                             headers={"Content-Type": "application/json"}) as resp:
-            assert resp.status == 200
-            async for piece in resp.content.iter_any():
-                measure.feed(piece, perf_counter())
-                raw += piece
-    measure.finish()
-    chunks = [json.loads(line[6:]) for line in raw.decode().split("\n\n")
-              if line.startswith("data: {")]
+        measure = StreamMeasure(IntervalRecorder(), perf_counter(), 2, t0_wall_ns=t0_ns)
+        _, chunks = await support.measured_stream(http, url + "/chat/completions", data,
+                                                  measure)
     return measure, chunks, t0_ns
 
 
@@ -241,14 +232,8 @@ async def _alias_stream(request: web.Request) -> web.StreamResponse:
 async def alias_url():
     app = web.Application()
     app.add_routes([web.post("/v1/chat/completions", _alias_stream)])
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1/chat/completions"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as base:
+        yield f"{base}/v1/chat/completions"
 
 
 @pytest.mark.parametrize(("usage", "counted"), [(True, False), (True, True), (False, True)])
