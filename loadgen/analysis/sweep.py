@@ -26,6 +26,7 @@ import csv
 import itertools
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from loadgen.model.snapshot import METRICS, Control, Snapshot
 from loadgen.run.config import ConfigError, RunConfig
 from loadgen.run.secrets import Secrets
 from loadgen.run.session import Session, SessionError
+from loadgen.run.sinks import Sink
 
 SWEEP_FORMAT = 1
 AUTO_MAX_STEPS = 12
@@ -230,12 +232,15 @@ def parse_steps(text: str) -> list[float] | None:
 
 
 async def run_sweep(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None = None,
-                    echo=print, *, record: bool = True, progress=None) -> list[StepResult]:
+                    echo=print, *, record: bool = True, progress=None,
+                    sinks: Sequence[Sink] = ()) -> list[StepResult]:
     """Hold each step in turn, in one Session (so a sweep is recorded, and replayable, like
     any run); raises SessionError before any load. `echo` gets the table, `progress` (stderr
-    unless given) a line every PROGRESS_EVERY_S within a step."""
+    unless given) a line every PROGRESS_EVERY_S within a step; `sinks` watch the session
+    (the eval's live view)."""
     session = Session(msgspec.structs.replace(cfg, concurrency=0, rate=0.0), secrets,
-                      record=record, say=lambda notice: _to_stderr(as_line(notice)))
+                      record=record, say=lambda notice: _to_stderr(as_line(notice)),
+                      sinks=sinks)
     await session.start()
     snaps = session.snapshots()
     echo(HEADER)

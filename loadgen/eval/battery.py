@@ -30,6 +30,7 @@ from loadgen.analysis.soak_result import Slope
 from loadgen.analysis.sweep import SweepPlan, find_knee, run_sweep
 from loadgen.eval.chaos import Chaos, listener_pid, mttr_apart_from_kill
 from loadgen.eval.dcgm_watch import DcgmWatch
+from loadgen.eval.efficiency import gpu_use
 from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.plan import (
     FAULT_SETTLE_S,
@@ -47,7 +48,6 @@ from loadgen.eval.results import (
     EfficiencyFigures,
     EvalState,
     FaultsFigures,
-    GpuUse,
     LeaksFigures,
     LeakSlope,
     LongTailFigures,
@@ -65,14 +65,13 @@ from loadgen.eval.results import (
     skipped,
     state_to_builtins,
 )
-from loadgen.model.energy import EnergyReadings, Reading, per_joule
 from loadgen.model.notice import Notice
 from loadgen.record.rundir import iter_snapshots, write_json_atomic
 from loadgen.run.config import RunConfig
 from loadgen.run.embedded_sim import EmbeddedSim, SimStartError
 from loadgen.run.secrets import Secrets
 from loadgen.run.session import Session, SessionError
-from loadgen.run.sinks import ProgressLines
+from loadgen.run.sinks import ProgressLines, Sink
 from loadgen.run.summary import EXIT_UNUSABLE
 from probes.server_metrics import metrics_url_for
 
@@ -99,6 +98,12 @@ class Eval:
     results: Results = field(default_factory=Results)
     started: float = field(default_factory=time.time)
     url: str = ""  # the target every phase loads (the embedded simulator's when no --url)
+    label: str | None = None  # --label: the header's
+    meta: dict[str, str] = field(default_factory=dict)  # --meta key=value: the header's
+    # a front end watching the eval (the live view): the sinks each phase's runs get too,
+    # by the run's name, and a call as each phase begins (its number from 1, its name)
+    sinks_for: Callable[[str], list[Sink]] = field(default=lambda name: [])
+    on_phase: Callable[[int, Phase], None] = field(default=lambda i, name: None)
 
     @property
     def phases(self) -> Phases:
@@ -174,7 +179,8 @@ async def run_eval(ev: Eval) -> None:
             if ev.results.of(name) is not None:
                 ev.say(f"eval: phase {i}/{len(PHASES)} {name}: done before, kept")
                 continue
-            ev.say(f"eval: phase {i}/{len(PHASES)} {name}{_time_left(ev, name)}")
+            ev.say(f"eval: phase {i}/{len(PHASES)} {name}{_time_left_text(ev, name)}")
+            ev.on_phase(i, name)
             t0 = time.monotonic()
             result = await _phase(ev, name)
             result.seconds = round(time.monotonic() - t0, 1)
@@ -213,8 +219,14 @@ async def _target(ev: Eval) -> EmbeddedSim | None:
     return sim
 
 
-def _time_left(ev: Eval, name: Phase) -> str:
+def _time_left_text(ev: Eval, name: Phase) -> str:
     """`, about 3:20 of load left`: the plan's load time of this phase and those after."""
+    left = time_left(ev, name)
+    return f", about {int(left // 60)}:{int(left % 60):02d} of load left" if left else ""
+
+
+def time_left(ev: Eval, name: Phase) -> float:
+    """The plan's load time, in seconds, of this phase and those after it."""
     before = PHASES[:PHASES.index(name)]
     rest = msgspec.structs.replace(
         ev.phases, **{p: _off(getattr(ev.phases, p)) for p in before
@@ -222,8 +234,7 @@ def _time_left(ev: Eval, name: Phase) -> str:
     if "faults" in before:
         rest = msgspec.structs.replace(rest, faults=[])
     targets = max(1, len(_scaling_targets(ev)))
-    left = planned_seconds(rest, targets)
-    return f", about {int(left // 60)}:{int(left % 60):02d} of load left" if left else ""
+    return planned_seconds(rest, targets)
 
 
 def _off(table):
@@ -259,7 +270,8 @@ async def _session(ev: Eval, name: str, cfg: RunConfig) -> Path:
 
     # the progress line every PROGRESS_EVERY_S, not every second: a day's soak in an eval is
     # otherwise 86 400 lines; events and warnings as they come
-    session = Session(cfg, ev.secrets, sinks=[ProgressLines(say, every=PROGRESS_EVERY_S)],
+    session = Session(cfg, ev.secrets,
+                      sinks=[ProgressLines(say, every=PROGRESS_EVERY_S), *ev.sinks_for(name)],
                       say=say)
     code = await session.run()
     if code == EXIT_UNUSABLE:  # said already, in the session's words
@@ -300,7 +312,7 @@ async def baseline(ev: Eval) -> PhaseResult:
         error_rate=r.rates.error_rate,
         latency_ms={m: r.latency_ms.get(m) for m in ("ttft", "itl", "e2e")},
         thresholds=r.thresholds,
-        **msgspec.structs.asdict(_efficiency_of(run_dir, r)),
+        **msgspec.structs.asdict(gpu_use(run_dir, r)),
         dcgm=dcgm.result(run_dir, r),
     ), str(run_dir))
 
@@ -318,7 +330,8 @@ async def ramp(ev: Eval) -> PhaseResult:
                      out=ev.out / "ramp")
     try:
         steps = await run_sweep(cfg, plan, ev.secrets, echo=lambda s: ev.say(f"  ramp: {s}"),
-                                progress=lambda s: ev.say(f"  ramp: {s}"))
+                                progress=lambda s: ev.say(f"  ramp: {s}"),
+                                sinks=ev.sinks_for("ramp"))
     except SessionError as e:
         raise EvalError(f"ramp: {e}") from None
     from loadgen.analysis.sweep import best_goodput, write_outputs
@@ -544,52 +557,6 @@ def _at_baseline(base: PhaseResult[BaselineFigures] | None) -> EfficiencyAt:
 
 def _per(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
-
-
-def _efficiency_of(run_dir: Path, r: Report) -> GpuUse:
-    """Output tokens per joule and requests/s per watt (requests per joule) over the
-    measured window, the report's rates' own (after warm-up, before the drain): the GPUs'
-    energy between the first and last fresh readings inside it, and the tokens and
-    requests counted between those same times (loadgen.model.energy); mean GPU
-    utilisation and GPU memory per request in flight over its ticks; `energy_why` when the
-    GPUs give no energy figure."""
-    first = last = None  # the energy readings
-    source, util, mem_per = None, [], []
-    readings = EnergyReadings()
-    for snap in iter_snapshots(run_dir):
-        reading = readings.see(snap)
-        if not _inside(r, snap.t) or not snap.gpu.gpus:
-            continue
-        source = source or snap.gpu.source
-        if reading is not None and _inside(r, reading.t):
-            first, last = first or reading, reading
-        gpus = snap.gpu.gpus
-        util += [g.utilization_pct for g in gpus if g.utilization_pct is not None]
-        mem = sum(g.memory_used_bytes or 0 for g in gpus)
-        if snap.load.in_flight and mem:
-            mem_per.append(mem / snap.load.in_flight / 1e6)
-    energy = _energy_j(first, last)
-    return GpuUse(tokens_per_joule=per_joule(first, last) if energy else None,
-                  req_s_per_w=per_joule(first, last, "requests_ok") if energy else None,
-                  gpu_util_pct=sum(util) / len(util) if util else None,
-                  gpu_memory_mb_per_in_flight=sum(mem_per) / len(mem_per) if mem_per else None,
-                  gpu_source=source or "none",
-                  energy_why=None if energy else "no GPU energy counter (no NVIDIA GPU seen)")
-
-
-def _inside(r: Report, t: float) -> bool:
-    """Within the report's measured window (after warm-up, before the drain)."""
-    return r.measured_from is not None and r.measured_to is not None \
-        and r.measured_from <= t <= r.measured_to
-
-
-def _energy_j(a: Reading | None, b: Reading | None) -> float | None:
-    """Joules between two readings of the same GPUs; None without two, or when the counter
-    went down (a driver reload)."""
-    if a is None or b is None or a is b or a.gpus != b.gpus:
-        return None
-    used = b.energy_j - a.energy_j
-    return used if used > 0 else None
 
 
 def _scaling_targets(ev: Eval) -> list[str]:

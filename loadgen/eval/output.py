@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from loadgen.eval.battery import Eval
-from loadgen.eval.matrix import markdown, rows, table, to_json
+from loadgen.eval.document import markdown, table
+from loadgen.eval.matrix import rows, to_json
 from loadgen.eval.phases import PHASES
 from loadgen.eval.results import UnderFault
 from loadgen.model import hdr

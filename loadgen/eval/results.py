@@ -11,6 +11,7 @@ state_from_builtins).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
@@ -51,7 +52,7 @@ class Dcgm(_Figures, kw_only=True):
 
 
 class GpuUse(_Figures, kw_only=True):
-    """Energy and GPU use over a measured run (battery._efficiency_of)."""
+    """Energy and GPU use over a measured run (loadgen.eval.efficiency.gpu_use)."""
 
     tokens_per_joule: float | None
     req_s_per_w: float | None
@@ -250,6 +251,32 @@ class Workload(msgspec.Struct, kw_only=True):
     load: int | float  # streams (an int) or req/s
 
 
+class GpuInfo(msgspec.Struct, kw_only=True):
+    name: str | None
+    memory_mb: float | None
+    driver: str | None
+
+
+class Header(msgspec.Struct, kw_only=True):
+    """What was measured, on what, when, by which tokentop: eval.md's and eval.html's head,
+    and what compare names when two evals differ in it (loadgen.eval.header makes it).
+    None where it could not be found out (said in `why`)."""
+
+    label: str | None = None  # --label
+    meta: dict[str, str] = {}  # --meta key=value …
+    engine: str | None = None  # as detected: vllm, sglang, llama.cpp, tgi, simulator …
+    engine_version: str | None = None
+    model: str | None = None  # the model the server serves
+    gpus: list[GpuInfo] = []
+    host_cpu: str | None = None
+    host_cores: int | None = None
+    host_memory_gb: float | None = None
+    date: str = ""  # ISO 8601, when the eval started
+    tokentop_version: str = ""
+    plan_digest: str = ""  # sha256 of the plan as eval.json keeps it, first 12 hex digits
+    why: dict[str, str] = {}  # a field left None, and why ("engine": "no /version answered")
+
+
 class EvalState(msgspec.Struct, kw_only=True):
     """OUT/eval.json."""
 
@@ -266,6 +293,7 @@ class EvalState(msgspec.Struct, kw_only=True):
     # the matrix's rows (matrix.to_json), for readers of eval.json; tokentop computes them
     # again from `phases` rather than read them; written once the eval's outputs are
     rows: list[dict[str, Any]] | UnsetType = UNSET
+    header: Header | UnsetType = UNSET  # not in the evals before it
 
 
 def done(figures: Any, run_dir: str | None = None) -> PhaseResult:
@@ -301,6 +329,20 @@ def state_from_builtins(data: Any) -> EvalState:
             name: {**r, "figures": r.get("figures") or None} if isinstance(r, dict) else r
             for name, r in data["phases"].items()}}
     return msgspec.convert(data, EvalState)
+
+
+def read_eval(path: Path) -> EvalState:
+    """An eval directory's eval.json (or the file itself); ValueError in words."""
+    f = path / "eval.json" if path.is_dir() else path
+    try:
+        return read_state(f.read_bytes())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no eval.json (is it a `tokentop eval --out` directory?)") \
+            from None
+    except msgspec.ValidationError as e:  # JSON, not an eval's (a DecodeError: caught first)
+        raise ValueError(f"{f} is not a tokentop eval ({e})") from None
+    except (OSError, msgspec.DecodeError) as e:
+        raise ValueError(f"{f}: cannot be read ({e})") from None
 
 
 def read_state(raw: bytes) -> EvalState:

@@ -19,8 +19,8 @@ from aiohttp import web
 from support import FIXTURES, headless_argv, scrape, serving
 
 from loadgen.analysis.report import soak_report
-from loadgen.eval import battery
 from loadgen.eval.dcgm_watch import DcgmWatch
+from loadgen.eval.efficiency import gpu_use
 from loadgen.record.rundir import iter_snapshots
 from loadgen.sim import SimConfig, start_sim
 
@@ -129,7 +129,7 @@ def _eval_figures(recorded) -> tuple:
     r, _ = soak_report(run_dir, warnings=[])
     t0, t1 = r.measured_from, r.measured_to
     joules = logs["energy"].between(t0, t1)
-    use = battery._efficiency_of(run_dir, r)
+    use = gpu_use(run_dir, r)
     truth = (logs["tokens"].between(t0, t1) / joules, logs["requests"].between(t0, t1) / joules)
     return r, (use.tokens_per_joule, use.req_s_per_w), truth
 

@@ -165,7 +165,8 @@ async def _run(ev, eval_error: type[Exception]) -> int:
 
 
 def compare_main(argv: list[str]) -> int:
-    from loadgen.eval.matrix import compare, read_eval
+    from loadgen.eval.compare import compare
+    from loadgen.eval.results import read_eval
 
     p = Parser(prog=f"{PROG} compare",
                description="Evals side by side, per row, with the change in per cent against "
