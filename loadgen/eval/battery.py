@@ -259,7 +259,7 @@ def _phase_cfg(ev: Eval, name: str, **load: Any) -> RunConfig:
         ev.cfg, url=load.pop("url", ev.url), out=str(_run_dir(ev, name)), resume=None,
         dataset=str(b.dataset), input_tokens=str(b.input_tokens),
         output_tokens=str(b.output_tokens), slo=str(ev.plan.slo) or None,
-        ramp=None, auto_ramp=False, max_requests=None, **load)
+        ramp=None, auto_ramp=False, max_requests=None, stagger=ev.plan.stagger.seconds, **load)
 
 
 async def _session(ev: Eval, name: str, cfg: RunConfig) -> Path:

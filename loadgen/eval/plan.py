@@ -81,6 +81,15 @@ class Url(str):
     """An http:// or https:// base URL."""
 
 
+class StaggerText(str):
+    """"auto", or the seconds closed-loop stream starts are spread over (0: all at once), as
+    --stagger; `seconds` is RunConfig.stagger's (None for auto)."""
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self == "auto" else float(self)
+
+
 def _units(parse, value: object, **options: object) -> float:
     """A value read by the command line's own parser (loadgen.model.units), so "24h" and
     "5%" mean here what they mean in --duration and --max-error-rate; its words, with the
@@ -147,10 +156,19 @@ def _url(value: object) -> str:
     return text
 
 
+def _stagger(value: object) -> str:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return f"{_seconds(value):g}"
+    except ValueError as e:
+        raise ValueError(f'"auto" or {e}'.replace('"auto" or expected', '"auto" or')) from None
+
+
 _READERS = {
     Seconds: _seconds, Duration: _duration, Fraction: _fraction, Length: _length,
     OutputLength: lambda v: _length(v, output=True), DatasetText: _dataset, SloText: _slo,
-    Url: _url,
+    Url: _url, StaggerText: _stagger,
 }
 
 
@@ -306,6 +324,9 @@ class Plan(_Table):
     slo: SloText
     phases: Phases
     quick: Phases  # the --quick profile: phases with [quick] laid over them
+    # defaults for the plans of the evals before these keys (eval.json keeps the plan)
+    repeat: Annotated[int, msgspec.Meta(ge=1, le=100)] = 1
+    stagger: StaggerText = StaggerText("auto")
 
     def profile(self, quick: bool) -> Phases:
         return self.quick if quick else self.phases
@@ -593,6 +614,17 @@ version = 1
 # thresholds (ttft_p99<, itl_p99<, error_rate<, output_tok_s>), judged in every row where
 # one applies.
 slo = "ttft<2s,tpot<100ms,ttft_p99<4s,itl_p99<200ms,error_rate<1%"
+
+# How often the baseline and each ramp step are run (--repeat N): with 2 or more, each row
+# is the mean with a 95 % interval, and `tokentop eval compare` calls a difference better or
+# worse only beyond it.
+repeat = 1
+
+# Closed-loop streams start spread out, not together (together, fixed lengths keep them in
+# lock-step: every round prefills the whole batch at once). "auto": the first stream times
+# one request and the others start at random moments within that time; seconds: spread over
+# that window; 0: all at once.
+stagger = "auto"
 
 # 1. Baseline: a fixed load: req/s, output tok/s, TTFT / ITL / E2E P50 to P99.9.
 #    Every phase sends this workload; the faults phase drives this load too.

@@ -81,6 +81,15 @@ def stagger(text: str) -> float | None:
     return None if text.strip().lower() == "auto" else seconds_or_zero(text)
 
 
+def key_value(text: str) -> tuple[str, str]:
+    """KEY=VALUE (--meta): a key of letters, digits, '_', '-' or '.'; any value."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key or not all(c.isalnum() or c in "_-." for c in key):
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. tp=2), got {text!r}")
+    return key, value.strip()
+
+
 def fraction(text: str) -> float:
     """A fraction between 0 and 1, or a percentage (0.05, 5%)."""
     return _typed(units.parse_fraction, text)

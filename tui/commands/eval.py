@@ -18,6 +18,8 @@ import signal
 import sys
 from pathlib import Path
 
+import msgspec
+
 from tui.commands.args import (
     DefaultsFormatter,
     Parser,
@@ -35,9 +37,11 @@ from tui.commands.args import (
     add_target_arguments,
     add_trace_arguments,
     fail,
+    key_value,
     parse_refusing,
     run_config,
     secrets_from,
+    whole,
 )
 
 PROG = "tokentop eval"
@@ -53,6 +57,8 @@ NOT_FOR_AN_EVAL = {
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "compare":
+        from tui.commands.eval_compare import compare_main
+
         return compare_main(argv[1:])
     p = eval_parser()
     args = parse_refusing(p, argv, "an eval", NOT_FOR_AN_EVAL)
@@ -93,6 +99,16 @@ def eval_parser() -> argparse.ArgumentParser:
     g.add_argument("--dcgm-url", metavar="URL",
                    help="a dcgm-exporter's /metrics (e.g. http://127.0.0.1:9400/metrics): SM, "
                    "tensor-pipe and DRAM activity and DCGM's energy in the efficiency rows")
+    g.add_argument("--repeat", type=whole(1), default=None, metavar="N",
+                   help="run the baseline and each ramp step N times: rows show the mean and "
+                   "a 95 %% interval, and compare judges by it (default: the plan's repeat)")
+    g.add_argument("--label", metavar="TEXT",
+                   help="a name for this eval in its header and in compare (e.g. vllm-0.11-tp2)")
+    g.add_argument("--meta", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+                   help="a fact for the header, as many as needed (e.g. --meta tp=2 "
+                   "--meta commit=abc123)")
+    g.add_argument("--headless", action="store_true",
+                   help="lines of text only, no console (also when stdout is not a terminal)")
     g.add_argument("--chaos-restart-cmd", metavar="CMD",
                    help="opt-in: during the faults phase kill the server process and run CMD "
                    "(a shell command) to restart it; MTTR from the kill to the first success")
@@ -107,7 +123,7 @@ def _eval(args: argparse.Namespace) -> int:
     out = Path(args.out)
     cfg, secrets = run_config(args), secrets_from(args)
     kw = {"secrets": secrets, "chaos_restart_cmd": args.chaos_restart_cmd,
-          "dcgm_url": args.dcgm_url}
+          "dcgm_url": args.dcgm_url, "label": args.label, "meta": dict(args.meta)}
     try:
         state = load_state(out)
         if state is not None:
@@ -118,6 +134,8 @@ def _eval(args: argparse.Namespace) -> int:
             _say(f"eval: resuming {out} ({len(ev.results.ran())} phase(s) done)")
         else:
             plan = read_plan(args.plan) if args.plan else default_plan()
+            if args.repeat is not None:
+                plan = msgspec.structs.replace(plan, repeat=args.repeat)
             ev = Eval(cfg=cfg, plan=plan, quick=args.quick, out=out, say=_say, **kw)
     except (EvalError, PlanError) as e:
         fail(str(e), prog=PROG)
@@ -161,23 +179,4 @@ async def _run(ev, eval_error: type[Exception]) -> int:
     print(table, flush=True)
     for path in written:
         print(f"wrote {path}", flush=True)
-    return 0
-
-
-def compare_main(argv: list[str]) -> int:
-    from loadgen.eval.compare import compare
-    from loadgen.eval.results import read_eval
-
-    p = Parser(prog=f"{PROG} compare",
-               description="Evals side by side, per row, with the change in per cent against "
-               "the first and which is better; says where the workloads differ.")
-    p.add_argument("evals", nargs="+", type=Path, help="`tokentop eval --out` directories")
-    args = p.parse_args(argv)
-    if len(args.evals) < 2:
-        fail("give two eval directories or more", prog=f"{PROG} compare")
-    try:
-        evals = [(str(d), read_eval(d)) for d in args.evals]
-    except ValueError as e:
-        fail(str(e), prog=f"{PROG} compare")
-    print(compare(evals))
     return 0
