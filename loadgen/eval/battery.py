@@ -57,7 +57,6 @@ from loadgen.eval.results import (
     Results,
     ScalingFigures,
     ScalingRow,
-    UnderFault,
     Workload,
     done,
     failed,
@@ -65,8 +64,9 @@ from loadgen.eval.results import (
     skipped,
     state_to_builtins,
 )
+from loadgen.eval.under_fault import under_fault
 from loadgen.model.notice import Notice
-from loadgen.record.rundir import iter_snapshots, write_json_atomic
+from loadgen.record.rundir import write_json_atomic
 from loadgen.run.config import RunConfig
 from loadgen.run.embedded_sim import EmbeddedSim, SimStartError
 from loadgen.run.secrets import Secrets
@@ -426,7 +426,7 @@ async def faults(ev: Eval) -> PhaseResult:
     r = _report(run_dir)
     killed = chaos.result() if chaos is not None else None
     return done(FaultsFigures(
-        faults=[_under_fault(run_dir, s) for s in spans], chaos=killed,
+        faults=[under_fault(run_dir, s, FAULT_TICK_S) for s in spans], chaos=killed,
         # the kill's outage has its own MTTR (kill → first token): not counted twice
         outages=r.outages, mttr_s=mttr_apart_from_kill(r.outages, r.mttr_s, killed),
         availability=r.availability,
@@ -449,56 +449,6 @@ def _host_port(url: str) -> tuple[str, int]:
 
     u = urlsplit(url)
     return u.hostname or "127.0.0.1", u.port or (443 if u.scheme == "https" else 80)
-
-
-def _under_fault(run_dir: Path, span) -> UnderFault:
-    """While the fault was on: the requests that ended (success rate, errors by kind), the
-    longest silence the client saw (no token, no answer: what a blackhole is, as measured),
-    and the recovery: from the fault's end to the first success after it."""
-    end = span.end if span.end is not None else float("inf")
-    before = inside = prev = None
-    recovered = None
-    quiet = Silence()
-    for snap in iter_snapshots(run_dir):
-        if snap.t < span.start:
-            before = snap.counters
-        elif snap.t <= end:
-            inside = snap.counters
-        elif recovered is None and inside is not None and (
-                snap.counters.requests_ok > inside.requests_ok):
-            recovered = snap.t - end
-        if prev is not None and snap.t > span.start and prev.t < end + FAULT_TICK_S:
-            quiet.tick(prev, snap)
-        prev = snap
-    ok = failed_n = 0
-    errors: dict[str, int] = {}
-    if inside is not None:
-        d = inside.since(before) if before is not None else inside
-        ok, failed_n, errors = d.requests_ok, d.requests_failed, d.errors
-    total = ok + failed_n
-    return UnderFault(fault=span.fault, params=span.params, start=span.start, end=span.end,
-                      requests_ok=ok, requests_failed=failed_n, errors=errors,
-                      success_rate=ok / total if total else None, silence_s=quiet.longest,
-                      recovery_s=None if recovered is None else round(recovered, 2))
-
-
-class Silence:
-    """The longest run of ticks in which nothing arrived (no output token, no request
-    ended), in seconds: whole quiet ticks, plus half a tick at each side (the silence began
-    and ended somewhere inside the ticks around them), so the estimate is centred."""
-
-    def __init__(self) -> None:
-        self.longest: float | None = None
-        self._began: float | None = None
-
-    def tick(self, prev, snap) -> None:
-        a, b = prev.counters, snap.counters
-        if b.output_tokens == a.output_tokens and b.requests_ok == a.requests_ok:
-            self._began = prev.t if self._began is None else self._began
-            width = snap.t - self._began + (snap.t - prev.t)
-            self.longest = max(self.longest or 0.0, round(width, 3))
-        else:
-            self._began = None
 
 
 async def leaks(ev: Eval) -> PhaseResult:
