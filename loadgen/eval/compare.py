@@ -1,60 +1,515 @@
-"""`tokentop eval compare`: evals side by side, row by row, with the change against the
-first and which is better; the lines that say where the evals differ."""
+"""`tokentop eval compare`: evals side by side, row by row, each later eval judged against
+the first; what differs between them (header, workload, profile) said first.
+
+Rows are matched by `Row.id`, what they measure, never by their label: a label may carry
+the load ("long tail (6 streams, 61 s)"), and two servers whose knees differ run the same
+phase at different loads. The load is a column of its own, per eval.
+
+The noise rule (NOISE_BAND_PCT, `judge`): a difference is called better or worse only
+beyond the noise, else "same within noise".
+* repeats on both sides (each row with a 95 % interval): beyond the noise when the two
+  intervals do not overlap. Conservative (non-overlapping 95 % intervals are a difference
+  at well under 5 %), and it needs no more than the interval, however it was computed.
+* one run on either side: beyond the noise when the change exceeds ±NOISE_BAND_PCT %.
+* from 0 (0 errors, 0 breakouts): any change is beyond the band; it is marked "from 0",
+  with no per cent of zero.
+A row whose `better` is None (the knee's load, GPU utilisation) is a fact: its change is
+shown, never judged.
+"""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import math
+import textwrap
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+from msgspec import UNSET
+
 from loadgen.eval.matrix import Row, rows, shown
-from loadgen.eval.results import EvalState, Workload
+from loadgen.eval.results import EvalState, GpuInfo, Header, Workload
 from loadgen.model import units
 
-
-def compare(evals: list[tuple[str, EvalState]]) -> str:
-    """Rows side by side: each eval's value, the change against the first in per cent and
-    which is better; the lines that say where the workloads (or the profiles) differ."""
-    names = [n for n, _ in evals]
-    by_eval = [{r.key: r for r in rows(e.phases)} for _, e in evals]
-    lines = _differences(evals)
-    keys = list(by_eval[0])
-    for table_rows in by_eval[1:]:
-        keys += [k for k in table_rows if k not in keys]
-    head = "  ".join(f"{n[-18:]:>18}" for n in names)
-    lines.append(f"{'figure':<58}{head}")
-    for key in keys:
-        first = by_eval[0].get(key)
-        cells = []
-        for i, table_rows in enumerate(by_eval):
-            r = table_rows.get(key)
-            cell = units.NA if r is None else shown(r) + (f" {r.verdict}" if r.verdict else "")
-            if i and r is not None and first is not None:
-                cell += _change(first, r)
-            cells.append(f"{cell:>18}")
-        lines.append(f"{key[:57]:<58}{'  '.join(cells)}")
-    return "\n".join(lines)
+NOISE_BAND_PCT = 5.0  # one run each: a change of this much or less is the same within noise
+FIGURE_WIDTH = 40  # the text's figure column: longer names wrap, never cut
+FORMATS = ("text", "md", "csv", "json")
 
 
-def _change(a: Row, b: Row) -> str:
-    if a.value is None or b.value is None or a.value == 0:
-        return ""
-    pct = (b.value - a.value) / abs(a.value) * 100
-    if a.better is None or abs(pct) < 0.5:
-        return f" {pct:+.0f}%"
-    good = (pct > 0) == (a.better == "higher")
-    return f" {pct:+.0f}% {'better' if good else 'worse'}"
+class Judgement(StrEnum):
+    BETTER = "better"
+    WORSE = "worse"
+    SAME = "same within noise"
+    FACT = "not judged"  # better is None: the change is a fact (the knee's load)
+    MISSING = "n/a"  # a side has no value
 
 
-def _differences(evals: list[tuple[str, EvalState]]) -> list[str]:
+class Noise(StrEnum):
+    """Which rule judged a change (the output's notes say each rule used once)."""
+
+    INTERVALS = "95 % intervals"
+    BAND = "one-run band"
+    NONE = ""  # not judged by noise (a fact, a missing side, no change at all)
+
+
+@dataclass(frozen=True)
+class Change:
+    """A later eval's row against the first's."""
+
+    judgement: Judgement
+    pct: float | None  # None: from 0, or a side missing
+    from_zero: bool = False
+    to_zero: bool = False
+    noise: Noise = Noise.NONE
+
+    def text(self) -> str:
+        """"+12.3% worse", "from 0 worse", "-100% (to 0) better", "+200% not judged"."""
+        if self.judgement is Judgement.MISSING:
+            return ""
+        if self.from_zero:
+            amount = "from 0"
+        else:
+            amount = f"{self.pct:+.1f}%" + (" (to 0)" if self.to_zero else "")
+        return f"{amount} {self.judgement}"
+
+
+@dataclass(frozen=True)
+class Line:
+    """One row id across the evals: each eval's Row (None where it has none) and each
+    later eval's Change against the first (None for the first itself)."""
+
+    id: str
+    rows: tuple[Row | None, ...]
+    changes: tuple[Change | None, ...]
+
+    @property
+    def row(self) -> Row:
+        """The row that names the line: the first eval's that has it."""
+        return next(r for r in self.rows if r is not None)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    names: tuple[str, ...]  # each eval's name (its directory), the first the baseline
+    labels: tuple[str, ...]  # each eval's --label, "" when none
+    lines: tuple[Line, ...]
+    differences: tuple[str, ...]  # where the evals differ, one sentence each
+    notes: tuple[str, ...]  # the noise rules used
+
+
+@dataclass(frozen=True)
+class Regression:
+    """A judged row worse than the first eval's beyond the gate's per cent and the noise."""
+
+    line: Line
+    eval: int  # index into Comparison.names
+
+    def text(self) -> str:
+        """'latency & throughput / TTFT P99 [baseline.ttft.p99]: B +25.0% worse'"""
+        r, change = self.line.row, self.line.changes[self.eval]
+        said = change.text() if change is not None else ""
+        return f"{r.dimension} / {_plain(r.figure)} [{r.id}]: {_letter(self.eval)} {said}"
+
+
+# ---- judging ------------------------------------------------------------------------------
+
+
+def judge(a: Row, b: Row) -> Change:
+    """b against a, by the noise rule of the module's docstring."""
+    if a.value is None or b.value is None or math.isnan(a.value) or math.isnan(b.value):
+        return Change(Judgement.MISSING, None)
+    diff = b.value - a.value
+    from_zero = a.value == 0 and diff != 0
+    pct = None if a.value == 0 else diff / abs(a.value) * 100
+    to_zero = b.value == 0 and a.value != 0
+    if a.better is None:
+        return Change(Judgement.FACT, 0.0 if diff == 0 else pct, from_zero, to_zero)
+    if diff == 0:
+        return Change(Judgement.SAME, 0.0)
+    noise = Noise.INTERVALS if _intervals(a, b) else Noise.BAND
+    if not _beyond_noise(a, b, pct):
+        return Change(Judgement.SAME, pct, from_zero, to_zero, noise)
+    good = (diff > 0) == (a.better == "higher")
+    return Change(Judgement.BETTER if good else Judgement.WORSE, pct, from_zero, to_zero,
+                  noise)
+
+
+def _intervals(a: Row, b: Row) -> tuple[tuple[float, float], tuple[float, float]] | None:
+    """Both rows' 95 % intervals, when both were repeated and have one."""
+    if a.repeats > 1 and b.repeats > 1 and a.interval is not None and b.interval is not None:
+        return a.interval, b.interval
+    return None
+
+
+def _beyond_noise(a: Row, b: Row, pct: float | None) -> bool:
+    both = _intervals(a, b)
+    if both is not None:
+        (a_low, a_high), (b_low, b_high) = both
+        return a_high < b_low or b_high < a_low  # the intervals do not overlap
+    return pct is None or abs(pct) > NOISE_BAND_PCT  # from 0: beyond any band
+
+
+def regressions(c: Comparison, pct: float) -> list[Regression]:
+    """The judged rows of the later evals worse than the first's by more than `pct` per
+    cent and beyond the noise (from 0 is beyond any per cent)."""
+    out = []
+    for line in c.lines:
+        for i, change in enumerate(line.changes):
+            if change is None or change.judgement is not Judgement.WORSE:
+                continue
+            if change.pct is None or abs(change.pct) > pct:
+                out.append(Regression(line, i))
+    return out
+
+
+@dataclass(frozen=True)
+class Gate:
+    """--fail-on-regression PCT: the rows that failed it (none: it passed)."""
+
+    pct: float
+    failed: tuple[Regression, ...]
+
+    def lines(self) -> list[str]:
+        """Its verdict, then each row that failed it."""
+        if not self.failed:
+            return [f"regression gate: passed (no judged row worse than A by more than "
+                    f"{self.pct:g} % beyond the noise)"]
+        n = len(self.failed)
+        return [f"regression gate: FAILED, {n} row{'s' if n > 1 else ''} worse than A by "
+                f"more than {self.pct:g} % beyond the noise:"] + [
+            f"  {r.text()}" for r in self.failed]
+
+
+def gate(c: Comparison, pct: float) -> Gate:
+    return Gate(pct, tuple(regressions(c, pct)))
+
+
+# ---- matching -----------------------------------------------------------------------------
+
+
+def comparison(evals: Sequence[tuple[str, EvalState]]) -> Comparison:
+    """The evals' rows matched by id, each later one judged against the first."""
+    by_eval = [{r.id: r for r in rows(e.phases)} for _, e in evals]
+    lines = []
+    for id_ in _ids([list(t) for t in by_eval]):
+        row_of = tuple(t.get(id_) for t in by_eval)
+        first = row_of[0]
+        changes = tuple(None if i == 0 or first is None or r is None else judge(first, r)
+                        for i, r in enumerate(row_of))
+        lines.append(Line(id_, row_of, changes))
+    return Comparison(
+        names=tuple(n for n, _ in evals),
+        labels=tuple(_label(e) for _, e in evals),
+        lines=tuple(lines), differences=tuple(differences(evals)),
+        notes=tuple(_noise_notes(lines)))
+
+
+def _ids(orders: list[list[str]]) -> list[str]:
+    """Every id once, in the first eval's order; an id only a later eval has comes after
+    the id it follows there, so it stays in its dimension."""
+    out = list(orders[0])
+    for order in orders[1:]:
+        for before, id_ in zip([None, *order], order, strict=False):
+            if id_ not in out:
+                out.insert(out.index(before) + 1 if before in out else len(out), id_)
+    return out
+
+
+def _noise_notes(lines: Iterable[Line]) -> list[str]:
+    used = {c.noise for line in lines for c in line.changes if c is not None}
+    out = []
+    if Noise.INTERVALS in used:
+        out.append("repeated on both sides: a difference is beyond the noise when the two "
+                   "95 % intervals do not overlap")
+    if Noise.BAND in used:
+        band = f"{NOISE_BAND_PCT:g} %"
+        out.append(f"one run each: differences of {band} or less are called the same within "
+                   f"noise; --repeat N measures the noise")
+    return out
+
+
+# ---- differences --------------------------------------------------------------------------
+
+# the header's fields compare names when they differ (date and why always may)
+HEADER_FIELDS = ("label", "meta", "engine", "engine_version", "model", "gpus", "host_cpu",
+                 "host_cores", "host_memory_gb", "tokentop_version", "plan_digest")
+
+
+def differences(evals: Sequence[tuple[str, EvalState]]) -> list[str]:
+    """Where each later eval differs from the first: header, workload, profile; and the
+    evals that did not finish."""
     first_name, first = evals[0]
     lines = []
     for name, e in evals[1:]:
+        lines += _header_differences(first_name, first, name, e)
         for key in Workload.__struct_fields__:
             was, value = getattr(first.workload, key), getattr(e.workload, key)
             if was != value:
-                lines.append(f"note: the workloads differ: {key} is {was!r} in {first_name}, "
-                             f"{value!r} in {name}")
+                lines.append(f"the workloads differ: {key} is {_value(was)} in {first_name}, "
+                             f"{_value(value)} in {name}")
         if e.quick != first.quick:
-            lines.append(f"note: {first_name} and {name} ran different profiles (quick / full)")
-        if not e.finished:
-            lines.append(f"note: {name} did not finish: its missing rows are not a result")
-    if not first.finished:
-        lines.append(f"note: {first_name} did not finish: its missing rows are not a result")
+            lines.append(f"{first_name} and {name} ran different profiles (quick / full)")
+    lines += [f"{name} did not finish: its missing rows are not a result"
+              for name, e in evals if not e.finished]
     return lines
+
+
+def _header_differences(first_name: str, first: EvalState, name: str,
+                        e: EvalState) -> list[str]:
+    if first.header is UNSET or e.header is UNSET:
+        if first.header is UNSET and e.header is UNSET:
+            return []
+        older = first_name if first.header is UNSET else name
+        return [f"{older} has no header (an older eval): engine, model, GPUs and plan are "
+                f"not compared"]
+    out = []
+    for key in HEADER_FIELDS:
+        was, value = getattr(first.header, key), getattr(e.header, key)
+        if was != value:
+            out.append(f"{key.replace('_', ' ')} is {_value(was)} in {first_name}, "
+                       f"{_value(value)} in {name}")
+    return out
+
+
+def _value(v: Any) -> str:
+    """A header's or workload's value in words: text quoted and made plain (it may be a
+    server's), GPUs as '2 × NVIDIA H200', unknown as n/a."""
+    if v is None or v == "" or v == [] or v == {}:
+        return units.NA
+    if isinstance(v, list) and all(isinstance(g, GpuInfo) for g in v):
+        names = [g.name or "unknown GPU" for g in v]
+        return ", ".join(f"{names.count(n)} × {_plain(n)}" for n in dict.fromkeys(names))
+    if isinstance(v, dict):
+        return ", ".join(f"{_plain(str(k))}={_plain(str(x))}" for k, x in v.items())
+    if isinstance(v, str):
+        return repr(_plain(v))
+    return str(v)
+
+
+def _label(e: EvalState) -> str:
+    return _plain(e.header.label or "") if isinstance(e.header, Header) else ""
+
+
+def _plain(text: str) -> str:
+    """Text from outside (a server's engine name, a GPU's, a label) with its control
+    characters (escapes, newlines) shown as '?': it reaches a terminal or a report."""
+    return "".join("?" if unicodedata.category(ch)[0] == "C" else ch for ch in text)
+
+
+# ---- cells --------------------------------------------------------------------------------
+
+
+def _letter(i: int) -> str:
+    """An eval's column name: A, B, … (the names, which may be long paths, are listed once
+    above the table instead of cut to fit a column)."""
+    return chr(ord("A") + i) if i < 26 else f"E{i + 1}"
+
+
+def _texts(line: Line) -> list[str]:
+    """Each eval's value as text, alike across the row: if any value has decimals, a whole
+    one gets them too ("3.00 s" beside "3.01 s", not "3 s"); with its verdict and its 95 %
+    interval when it has them."""
+    mixed = any(r is not None and r.value is not None and not float(r.value).is_integer()
+                for r in line.rows)
+    out = []
+    for r in line.rows:
+        if r is None:
+            out.append(units.NA)
+            continue
+        text = _number(r, r.value, mixed)
+        if r.interval is not None and r.value is not None:
+            low, high = (_number(r, v, True) for v in r.interval)
+            text += f" [{low} – {high}]"
+        out.append(text + (f" {r.verdict}" if r.verdict else ""))
+    return out
+
+
+def _number(r: Row, value: float | None, mixed: bool) -> str:
+    """`value` in r's unit by matrix.shown; a whole value in a row with decimals is shown
+    as the value just above it, so that it gets the decimals its size calls for."""
+    if mixed and value is not None and value != 0 and float(value).is_integer():
+        value = math.nextafter(value, math.inf)
+    return shown(replace(r, value=value))
+
+
+def _row_notes(c: Comparison, line: Line) -> list[str]:
+    """What a reader must know about a row beside its values: the evals that have no such
+    row (when there is a value to miss), a row another eval names otherwise, a value's
+    validity flags (once for the evals that share them)."""
+    out = []
+    present = [i for i, r in enumerate(line.rows) if r is not None]
+    valued = any(line.rows[i].value is not None for i in present)  # type: ignore[union-attr]
+    if len(present) < len(line.rows) and valued:
+        has = ", ".join(_letter(i) for i in present)
+        out.append(f"only in {has}: matched by what it measures ({line.id}), not by label")
+    named = line.row.figure
+    out += [f"{_letter(i)} names it {_plain(r.figure)!r}"
+            for i, r in enumerate(line.rows) if r is not None and r.figure != named]
+    flagged: dict[tuple[str, ...], list[str]] = {}
+    for i, r in enumerate(line.rows):
+        if r is not None and r.flags:
+            flagged.setdefault(r.flags, []).append(_letter(i))
+    out += [f"{', '.join(who)} flagged: " + "; ".join(_plain(f) for f in flags)
+            for flags, who in flagged.items()]
+    return out
+
+
+def _columns(c: Comparison) -> list[str]:
+    head = ["dimension", "figure"]
+    for i in range(len(c.names)):
+        head += [_letter(i), f"{_letter(i)} load"]
+        if i:
+            head.append(f"{_letter(i)} vs A")
+    return [*head, "notes"]
+
+
+def _cells(c: Comparison, line: Line) -> list[str]:
+    r = line.row
+    cells = [r.dimension, _plain(r.figure)]
+    for i, (text, row, change) in enumerate(zip(_texts(line), line.rows, line.changes,
+                                                strict=True)):
+        cells += [text, _plain(row.load) if row is not None else ""]
+        if i:
+            cells.append(change.text() if change is not None else "")
+    return [*cells, "; ".join(_row_notes(c, line))]
+
+
+def _legend(c: Comparison) -> list[str]:
+    out = []
+    for i, name in enumerate(c.names):
+        label = f" (label {c.labels[i]!r})" if c.labels[i] else ""
+        role = ": the baseline, the others are judged against it" if i == 0 else ""
+        out.append(f"{_letter(i)} = {_plain(name)}{label}{role}")
+    return out
+
+
+# ---- formats ------------------------------------------------------------------------------
+
+
+def compare(evals: Sequence[tuple[str, EvalState]]) -> str:
+    """The terminal's text of the evals compared."""
+    return render(comparison(evals), "text")
+
+
+def render(c: Comparison, fmt: str, judged: Gate | None = None) -> str:
+    """The comparison in one of FORMATS, with the regression gate's result if one was
+    asked for."""
+    return {"text": _text, "md": _md, "csv": _csv, "json": _json}[fmt](c, judged)
+
+
+def _text(c: Comparison, judged: Gate | None) -> str:
+    out = _legend(c) + [f"note: {d}" for d in c.differences] + [f"note: {n}" for n in c.notes]
+    head = _columns(c)[1:-1]  # the dimension is a heading, the notes go under their row
+    table = [(line, _cells(c, line)[1:-1]) for line in c.lines]
+    widths = [max([len(h)] + [len(cells[k]) for _, cells in table]) for k, h in
+              enumerate(head)]
+    widths[0] = FIGURE_WIDTH
+    out.append("")
+    out.append(_aligned(head, widths))
+    dimension = None
+    for line, cells in table:
+        if line.row.dimension != dimension:
+            dimension = line.row.dimension
+            out.append(dimension)
+        names = textwrap.wrap(cells[0], FIGURE_WIDTH - 2, subsequent_indent="  ") or [""]
+        out.append(_aligned(["  " + names[0], *cells[1:]], widths))
+        out += ["  " + n for n in names[1:]]
+        out += [f"    · {n}" for n in _row_notes(c, line)]
+    out += judged.lines() if judged else []
+    return "\n".join(out)
+
+
+def _aligned(cells: list[str], widths: list[int]) -> str:
+    """The figure left, the values right, two spaces between columns."""
+    first, *rest = cells
+    return (f"{first:<{widths[0]}}  " + "  ".join(
+        f"{cell:>{w}}" for cell, w in zip(rest, widths[1:], strict=True))).rstrip()
+
+
+def _md(c: Comparison, judged: Gate | None) -> str:
+    out = [f"- {x}" for x in _legend(c) + list(c.differences) + list(c.notes)]
+    head = _columns(c)
+    out += ["", "| " + " | ".join(head) + " |",
+            "|" + "|".join("---" if k < 2 or h == "notes" else "---:"
+                           for k, h in enumerate(head)) + "|"]
+    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in _cells(c, line)) + " |"
+            for line in c.lines]
+    if judged:
+        out += ["", *(f"**{g.strip()}**" for g in judged.lines())]
+    return "\n".join(out)
+
+
+def _csv(c: Comparison, judged: Gate | None) -> str:
+    """One line per row id: what it is, then per eval its value and what goes with it, and
+    per later eval the change against the first. The differences are in md, text, json."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    head = ["id", "dimension", "figure", "unit", "better"]
+    for i in range(len(c.names)):
+        x = _letter(i)
+        head += [f"{x} value", f"{x} low", f"{x} high", f"{x} repeats", f"{x} samples",
+                 f"{x} load", f"{x} verdict", f"{x} flags"]
+        if i:
+            head += [f"{x} change %", f"{x} judgement"]
+    w.writerow(head)
+    for line in c.lines:
+        r = line.row
+        cells: list[Any] = [line.id, r.dimension, _plain(r.figure), r.unit, r.better or ""]
+        for i, (row, change) in enumerate(zip(line.rows, line.changes, strict=True)):
+            cells += _csv_cells(row)
+            if i:
+                cells += _csv_change(change)
+        w.writerow(cells)
+    return buf.getvalue().rstrip("\n")
+
+
+def _csv_cells(r: Row | None) -> list[Any]:
+    if r is None:
+        return [""] * 8
+    low, high = r.interval or ("", "")
+    return ["" if r.value is None else r.value, low, high, r.repeats,
+            "" if r.samples is None else r.samples, _plain(r.load), r.verdict or "",
+            "; ".join(_plain(f) for f in r.flags)]
+
+
+def _csv_change(change: Change | None) -> list[Any]:
+    if change is None:
+        return ["", Judgement.MISSING.value]
+    pct = "from 0" if change.from_zero else ("" if change.pct is None else round(change.pct, 3))
+    return [pct, change.judgement.value]
+
+
+def _json(c: Comparison, judged: Gate | None) -> str:
+    doc = {
+        "evals": [{"column": _letter(i), "name": name, "label": c.labels[i] or None}
+                  for i, name in enumerate(c.names)],
+        "differences": list(c.differences),
+        "noise": {"band_pct": NOISE_BAND_PCT, "rules": list(c.notes)},
+        "rows": [_json_line(line) for line in c.lines],
+        "gate": None if judged is None else {
+            "fail_on_regression_pct": judged.pct, "passed": not judged.failed,
+            "failed": [{"id": r.line.id, "eval": _letter(r.eval)} for r in judged.failed]},
+    }
+    return json.dumps(doc, indent=2, ensure_ascii=False)
+
+
+def _json_line(line: Line) -> dict[str, Any]:
+    r = line.row
+    return {
+        "id": line.id, "dimension": r.dimension, "figure": _plain(r.figure), "unit": r.unit,
+        "better": r.better,
+        "evals": [None if x is None else {
+            "value": x.value, "interval": list(x.interval) if x.interval else None,
+            "repeats": x.repeats, "samples": x.samples, "load": _plain(x.load),
+            "verdict": x.verdict, "flags": [_plain(f) for f in x.flags],
+            "note": _plain(x.note), "figure": _plain(x.figure)} for x in line.rows],
+        "against_first": [None if ch is None else {
+            "change_pct": ch.pct, "from_zero": ch.from_zero, "to_zero": ch.to_zero,
+            "judgement": ch.judgement.value, "noise": ch.noise.value or None}
+            for ch in line.changes[1:]],
+    }
