@@ -1,7 +1,9 @@
-"""What an eval leaves: the matrix on the terminal, eval.md, eval.json (with the rows),
-and its PNGs: the pressure ramp's curve (the sweep's own), the long tail's and the faults
-run's report plots (each phase's run directory), and faults.png, the latency and the errors
-through the faults phase with each fault shaded and named."""
+"""What an eval leaves: the matrix on the terminal, eval.json (with the rows), eval.md and
+eval.html beside it (loadgen.eval.document: the same header, matrix and phases; eval.html
+with every plot inside it, to be sent on its own), and its PNGs: the pressure ramp's curve
+(the sweep's own), the long tail's and the faults run's report plots (each phase's run
+directory), and faults.png, the latency and the errors through the faults phase with each
+fault shaded and named."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from loadgen.eval.battery import Eval
-from loadgen.eval.document import markdown, table
+from loadgen.eval.document import html, markdown, table
 from loadgen.eval.matrix import rows, to_json
 from loadgen.eval.phases import PHASES
 from loadgen.eval.results import UnderFault
@@ -29,17 +31,12 @@ def write_outputs(ev: Eval) -> tuple[str, list[Path]]:
     finished = len(ev.results.ran()) == len(PHASES)
     ev.save(finished=finished, rows=to_json(all_rows))
     written.append(ev.state_path)
-    md = ev.out / "eval.md"
-    md.write_text(markdown(ev.state(finished), all_rows, [_rel(ev.out, p) for p in plots]))
-    written.append(md)
+    state = ev.state(finished)
+    for name, make in (("eval.md", markdown), ("eval.html", html)):
+        path = ev.out / name
+        path.write_text(make(state, all_rows, plots, ev.out), encoding="utf-8")
+        written.append(path)
     return table(all_rows), written
-
-
-def _rel(base: Path, p: Path) -> str:
-    try:
-        return str(p.relative_to(base))
-    except ValueError:
-        return str(p)
 
 
 def _plots(ev: Eval, written: list[Path]) -> list[Path]:
