@@ -19,7 +19,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import aiohttp
+import msgspec
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from loadgen.model.snapshot import ServerMetrics
 from probes.engines import collect_histograms, detect_engine, map_fields
@@ -68,8 +70,86 @@ def parse_page(text: str, url: str) -> Page:
     engine = detect_engine(s.name for s in samples)
     if engine is None:
         return Page(ServerMetrics(url=url, ok=True, engine="unknown", generic=_generic(families)))
-    metrics = ServerMetrics(url=url, ok=True, engine=engine.name, **map_fields(engine, samples))
+    metrics = ServerMetrics(url=url, ok=True, engine=engine.name, **map_fields(engine, samples),
+                            **msgspec.structs.asdict(kv_pool(engine.name, samples)))
     return Page(metrics, collect_histograms(engine, samples))
+
+
+class KvPool(msgspec.Struct, kw_only=True):
+    """The KV cache's pool as one page states it (ServerMetrics' kv_pool_* fields)."""
+
+    kv_pool_tokens: int | None = None
+    kv_pool_bytes: int | None = None  # per GPU (vLLM's kv_cache_memory_bytes is)
+    gpu_memory_utilization: float | None = None
+
+
+def kv_pool(engine: str, samples: list[Sample]) -> KvPool:
+    """The pool's size, from what each engine exports; an engine that states none (TGI,
+    trtllm-serve, llama.cpp, whose KV gauges were removed upstream and whose n_ctx is only
+    in /props) gives all None. Label sets (data-parallel engines) add up."""
+    if engine == "vllm":
+        return _vllm_pool([s for s in samples if s.name == "vllm:cache_config_info"])
+    if engine == "sglang":
+        tokens = [s.value for s in samples if s.name == "sglang:max_total_num_tokens"]
+        return KvPool(kv_pool_tokens=_whole_sum(tokens))
+    if engine == "triton":
+        return _triton_pool([s for s in samples if s.name == "nv_trt_llm_kv_cache_block_metrics"])
+    return KvPool()
+
+
+def _vllm_pool(infos: list[Sample]) -> KvPool:
+    """vLLM's cache_config_info, one series per engine, its figures in labels: the pool is
+    kv_cache_size_tokens where given (newer vLLM), else num_gpu_blocks × block_size; its
+    bytes kv_cache_memory_bytes, which reads "None" unless the operator set it (vLLM does
+    not export the model's bytes per token, and its preallocation less the weights cannot be
+    known from outside)."""
+    tokens: list[float] = []
+    size: list[float] = []
+    fractions: list[float] = []
+    for s in infos:
+        labels = s.labels
+        given = _label_number(labels, "kv_cache_size_tokens")
+        blocks = _label_number(labels, "num_gpu_blocks")
+        block = _label_number(labels, "block_size")
+        if given is None and blocks is not None and block is not None:
+            given = blocks * block
+        if given is not None:
+            tokens.append(given)
+        if (memory := _label_number(labels, "kv_cache_memory_bytes")) is not None:
+            size.append(memory)
+        if (fraction := _label_number(labels, "gpu_memory_utilization")) is not None:
+            fractions.append(fraction)
+    complete = len(size) == len(infos)  # bytes only when every engine states them
+    return KvPool(kv_pool_tokens=_whole_sum(tokens),
+                  kv_pool_bytes=_whole_sum(size) if complete else None,
+                  gpu_memory_utilization=sum(fractions) / len(fractions) if fractions else None)
+
+
+def _triton_pool(rows: list[Sample]) -> KvPool:
+    """Triton's TensorRT-LLM backend: max blocks × tokens per block, per model."""
+    by_model: dict[tuple, dict[str, float]] = {}
+    for s in rows:
+        key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "kv_cache_block_type"))
+        by_model.setdefault(key, {})[s.labels.get("kv_cache_block_type", "")] = s.value
+    pools = [m["max"] * m["tokens_per"] for m in by_model.values()
+             if "max" in m and "tokens_per" in m]
+    return KvPool(kv_pool_tokens=_whole_sum(pools))
+
+
+def _label_number(labels: dict[str, str], key: str) -> float | None:
+    """A label's value as a finite, non-negative number; None for "None", absent or junk."""
+    try:
+        value = float(labels[key])
+    except (KeyError, ValueError):
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _whole_sum(values: list[float]) -> int | None:
+    """The sum as a whole count; None when there is nothing, or a zero pool (no figure)."""
+    values = [v for v in values if math.isfinite(v) and v >= 0]
+    total = round(sum(values)) if values else 0
+    return total or None
 
 
 def parse_metrics(text: str, url: str) -> ServerMetrics:

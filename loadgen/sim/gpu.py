@@ -4,7 +4,9 @@ It has no timer of its own. Each read advances the state from the previous
 read with exact first-order (exponential) updates, so reading once a second
 or ten times a second gives the same curves:
 
-* memory = weights + KV tokens in use × bytes per token + activations per running sequence;
+* memory = gpu_memory_utilization × the GPU's memory, from the start and whatever the
+  load, as vLLM preallocates its weights, activations and whole KV pool (so a leak inside
+  the pool never moves it: the engine's own KV figures are what show one);
 * utilisation = the fraction of wall time the engine spent inside steps, smoothed (~1 s):
   what NVML reports (a kernel was running), so one busy sequence already reads ~100 %;
 * batch occupancy = running sequences / slots, smoothed (~1 s);
@@ -13,8 +15,8 @@ or ten times a second gives the same curves:
   energy integrates it;
 * temperature follows power with a slow lag (~30 s), as a heatsink does.
 
-With `gpu_count` > 1 (tensor parallelism) the weights, KV and activations are split
-evenly and every GPU shows the same utilisation and power; /sim/gpu then answers
+With `gpu_count` > 1 (tensor parallelism) every GPU holds the same preallocated share and
+shows the same utilisation and power; /sim/gpu then answers
 `{"gpus": [...]}`, one object per GPU (a single GPU stays one plain object).
 """
 
@@ -67,14 +69,9 @@ class SimGpu:
         self._t, self._busy = now, busy
 
     def memory_used_bytes(self) -> int:
-        engine = self._engine
-        cfg = engine.cfg
-        used = (
-            cfg.weights_bytes
-            + engine.kv_used * cfg.kv_bytes_per_token
-            + engine.num_running * cfg.activation_bytes_per_seq
-        ) // cfg.gpu_count
-        return min(used, cfg.gpu_memory_bytes)
+        """Preallocated at start, the same on every GPU: flat whatever runs or leaks."""
+        cfg = self._engine.cfg
+        return int(cfg.gpu_memory_utilization * cfg.gpu_memory_bytes)
 
     def sample(self) -> dict[str, Any]:
         """The /sim/gpu body; field names are those of loadgen.model.snapshot.GpuSample."""

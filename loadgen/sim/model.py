@@ -26,7 +26,6 @@ from loadgen.sim.faults import FaultConfig, Faults
 from loadgen.sim.metrics import EngineMetrics
 
 GIB = 1024**3
-MIB = 1024**2
 
 # A stall this long (event-loop lag) is not caught up with: the schedule restarts from now
 # rather than running a burst of zero-length steps.
@@ -87,7 +86,16 @@ class SimConfig:
     gpu_memory_bytes: int = 80 * GIB
     weights_bytes: int = 16 * GIB
     kv_bytes_per_token: int = 131072
-    activation_bytes_per_seq: int = 32 * MIB
+    # vLLM's gpu_memory_utilization: the share of each GPU's memory the engine takes at start
+    # (weights, activations and the KV pool) and holds whatever the load, as real engines
+    # preallocate; so the GPU's memory used is flat, and a leak shows only in the KV in use
+    gpu_memory_utilization: float = 0.9
+    # vLLM's cache_config_info states kv_cache_memory_bytes (the pool's bytes per GPU), as
+    # when the operator gives --kv-cache-memory-bytes; False: "None", vLLM's default
+    state_kv_bytes: bool = False
+    # a leaking engine: this share (0..1) of each finished request's KV tokens is never
+    # freed, so the KV cache in use creeps up at a steady load (kv_leaked counts them)
+    kv_leak_fraction: float = 0.0
     idle_power_w: float = 70.0
     power_limit_w: float = 700.0
     ambient_c: float = 30.0
@@ -111,6 +119,15 @@ class SimConfig:
             raise ValueError("exact timing needs both exact_ttft_ms and exact_itl_ms")
         if self.exact_ttft_ms is not None and (self.exact_ttft_ms < 0 or self.exact_itl_ms < 0):  # type: ignore[operator]
             raise ValueError("exact timings must not be negative")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be more than 0 and at most 1, not "
+                             f"{self.gpu_memory_utilization}")
+        taken = self.gpu_memory_utilization * self.gpu_memory_bytes
+        if self.weights_bytes // self.gpu_count > taken:
+            raise ValueError("the weights do not fit in gpu_memory_utilization × gpu_memory_bytes"
+                             " on each GPU: a real engine would not start")
+        if not 0 <= self.kv_leak_fraction <= 1:
+            raise ValueError(f"kv_leak_fraction must be 0..1, not {self.kv_leak_fraction}")
         if self.metrics_dialect not in DIALECTS:
             raise ValueError(f"metrics_dialect must be one of {', '.join(DIALECTS)}")
         for name in ("step_overhead_ms", "decode_ms_per_seq", "prefill_ms_per_token",
@@ -197,6 +214,7 @@ class BatchModel:
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # in admission order: the newest is last
         self._kv_used = 0
+        self.kv_leaked = 0  # KV tokens of finished requests never freed (kv_leak_fraction)
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -242,6 +260,8 @@ class BatchModel:
         for seq in live:
             self.abort(seq)
         self.metrics = EngineMetrics()
+        self._kv_used -= self.kv_leaked  # a new process: what leaked is free again
+        self.kv_leaked = 0
         return len(live)
 
     # ---- lifecycle
@@ -494,7 +514,9 @@ class BatchModel:
         metrics.generation_tokens += emitted
 
     def _finish(self, seq: Sequence, now: float) -> None:
-        self._kv_used -= seq.kv
+        leaked = int(seq.kv * self.cfg.kv_leak_fraction)  # held for good: a leaking engine
+        self.kv_leaked += leaked
+        self._kv_used -= seq.kv - leaked
         seq.kv = 0
         seq.state = DONE
         seq.finish_reason = seq.target_reason

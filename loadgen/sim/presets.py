@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 GB = 1000**3
 GIB = 1024**3
-MIB = 1024**2
 
 PROFILES: dict[str, dict[str, Any]] = {
     # Llama 3.1 8B BF16, vLLM, one H100 SXM5 80 GB.
@@ -51,7 +50,6 @@ PROFILES: dict[str, dict[str, Any]] = {
         "gpu_memory_bytes": 80 * GIB,
         "weights_bytes": 16 * GB,
         "kv_bytes_per_token": 131_072,
-        "activation_bytes_per_seq": 16 * MIB,
         "idle_power_w": 70.0,
         "power_limit_w": 700.0,
     },
@@ -69,7 +67,6 @@ PROFILES: dict[str, dict[str, Any]] = {
         "gpu_memory_bytes": 141 * GB,
         "weights_bytes": 16 * GB,
         "kv_bytes_per_token": 131_072,
-        "activation_bytes_per_seq": 16 * MIB,
         "idle_power_w": 75.0,
         "power_limit_w": 700.0,
     },
@@ -88,7 +85,6 @@ PROFILES: dict[str, dict[str, Any]] = {
         "gpu_memory_bytes": 80 * GIB,  # per GPU
         "weights_bytes": 141 * GB,  # the whole model, split over the GPUs
         "kv_bytes_per_token": 327_680,
-        "activation_bytes_per_seq": 32 * MIB,
         "idle_power_w": 70.0,
         "power_limit_w": 700.0,
     },
