@@ -28,6 +28,7 @@ from textual.containers import Grid
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer
 
+from loadgen.eval.eval_process import WatchesEval
 from loadgen.model import units
 from loadgen.model.kinds import SourceKind
 from loadgen.model.notice import KEYS_TO_STOP, Notice
@@ -61,6 +62,7 @@ from tui.widgets import (
     ThroughputPanel,
 )
 from tui.widgets.latency_panel import WINDOW_NAMES
+from tui.widgets.phase_strip import PhaseStrip
 
 # the latency windows `w` cycles through
 WINDOW_CYCLE = tuple(WINDOWS)  # 10s, 1m, 10m, run
@@ -224,6 +226,8 @@ class TokentopApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield HeaderBar(self._description(), id="header")
+        if isinstance(self.source, WatchesEval):  # an eval: where it stands, under the header
+            yield PhaseStrip(id="phase-strip")
         with Grid(id="panels"):
             yield LoadPanel(id="load")
             yield LatencyPanel(id="latency")
@@ -360,6 +364,7 @@ class TokentopApp(App[None]):
             self._status = status
             self._took_status(status)
             self._dirty = True
+        self._show_eval()  # its clocks count down between Snapshots (and between phases)
         if not self._dirty:
             return
         self._dirty = False
@@ -397,6 +402,18 @@ class TokentopApp(App[None]):
                     panel.show(self._host_view(status.waiting.host))
             if snap is not None:
                 self.drawn_seq = snap.seq
+
+    def _show_eval(self) -> None:
+        if isinstance(self.source, WatchesEval):
+            for strip in self.screen_stack[0].query(PhaseStrip):
+                strip.show(self.source.eval_progress())
+
+    def _eval_running(self) -> bool:
+        """An eval under way: between its phases too, when no load runs."""
+        if not isinstance(self.source, WatchesEval) or self.ended or self._source_closed:
+            return False
+        progress = self.source.eval_progress()
+        return progress is None or progress.state == "running"
 
     def _host_view(self, host: HostSample) -> View:
         """A view with only the host in it, while no Snapshot has come (the run waits for its
@@ -544,12 +561,12 @@ class TokentopApp(App[None]):
     REPLAY_ACTIONS = frozenset({"replay_speed", "seek_by", "replay_pause"})
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Replay keys in a replay, load keys otherwise (False: off and out of the footer;
-        `p` then falls through to the binding that is on)."""
+        """Replay keys in a replay, load keys otherwise but in an eval (False: off and out of
+        the footer; `p` then falls through to the binding that is on)."""
         if action in self.REPLAY_ACTIONS:
             return self._is_replay()
-        if action in self.LOAD_ACTIONS:
-            return not self._is_replay()
+        if action in self.LOAD_ACTIONS:  # an eval's load is its plan's
+            return not self._is_replay() and not isinstance(self.source, WatchesEval)
         return True
 
     @property
@@ -644,10 +661,12 @@ class TokentopApp(App[None]):
             return
         now = time.monotonic()
         asked = self._quit_asked_at is not None and now - self._quit_asked_at < QUIT_CONFIRM_S
-        if self.load_running() and not asked:
+        if (self.load_running() or self._eval_running()) and not asked:
             self._quit_asked_at = now
-            self.notify("load is running: press q again to stop it and quit",
-                        severity="warning", timeout=QUIT_CONFIRM_S)
+            what = ("the eval is running: press q again to stop it (the same --out resumes "
+                    "it) and quit" if self._eval_running() else
+                    "load is running: press q again to stop it and quit")
+            self.notify(what, severity="warning", timeout=QUIT_CONFIRM_S)
             return
         self._quitting = True
         self.notify("stopping the load…", timeout=CLOSE_TIMEOUT_S)

@@ -8,6 +8,10 @@ Takes the run's option groups an eval uses (the target, open-loop arrivals, how 
 are made, how load is driven: the URL, model, API, tokenizer, workers); the loads, lengths,
 durations, SLOs and faults are the plan's (loadgen/eval/plan.py), and those flags are
 refused in words. The same --out again resumes a killed eval at its phase.
+
+In a terminal (stdin and stdout both) the eval runs under the console: the running
+phase's panels and a phase strip (loadgen.eval.eval_process runs it in a child process);
+`q` stops it resumably. --headless, or stdout not a terminal, prints lines instead.
 """
 
 from __future__ import annotations
@@ -116,9 +120,20 @@ def eval_parser() -> argparse.ArgumentParser:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from loadgen.eval.battery import EvalError
+    from loadgen.worker import eventloop
+
+    ev, resume = built_eval(args)
+    if not args.headless and in_a_terminal():
+        return _console(ev, resume=resume)
+    return eventloop.run(lambda: _run(ev, EvalError))
+
+
+def built_eval(args: argparse.Namespace):
+    """The Eval the command line describes, and whether it resumes one in --out; a plan or
+    an eval.json that cannot be used fails here, in words, before anything starts."""
     from loadgen.eval.battery import Eval, EvalError, load_state, resumed
     from loadgen.eval.plan import PlanError, default_plan, read_plan
-    from loadgen.worker import eventloop
 
     out = Path(args.out)
     cfg, secrets = run_config(args), secrets_from(args)
@@ -139,7 +154,52 @@ def _eval(args: argparse.Namespace) -> int:
             ev = Eval(cfg=cfg, plan=plan, quick=args.quick, out=out, say=_say, **kw)
     except (EvalError, PlanError) as e:
         fail(str(e), prog=PROG)
-    return eventloop.run(lambda: _run(ev, EvalError))
+    return ev, state is not None
+
+
+def in_a_terminal() -> bool:
+    """The console needs a terminal to read keys from and draw on; else today's lines."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def _console(ev, *, resume: bool) -> int:
+    """The eval in a child process under the console; after it, what a headless eval ends
+    with: the matrix and the files written, or the line that resumes it."""
+    from loadgen.eval.eval_process import EvalProcess
+    from tui.app import TokentopApp
+
+    source = EvalProcess(eval_start(ev, resume=resume))
+    app = TokentopApp(source)
+    app.run()
+    return after_console(source, app.error)
+
+
+def eval_start(ev, *, resume: bool):
+    """What the eval's child process is told to run: this Eval (its Secrets on the pipe)."""
+    from loadgen.eval.eval_process import EvalStart
+    from loadgen.eval.plan import plan_to_builtins
+
+    return EvalStart(config=ev.cfg, secrets=ev.secrets, out=str(ev.out),
+                     plan=plan_to_builtins(ev.plan), quick=ev.quick, resume=resume,
+                     label=ev.label, meta=dict(ev.meta), dcgm_url=ev.dcgm_url,
+                     chaos_restart_cmd=ev.chaos_restart_cmd)
+
+
+def after_console(source, error: str | None) -> int:
+    """The alternate screen is gone with the console: the eval's end stays in the terminal
+    (the matrix on stdout as a headless eval prints it, the rest on stderr)."""
+    outcome = source.eval_outcome()
+    if outcome is None:  # it never started: why, in the console's words
+        _say(f"{PROG}: {error or 'the eval did not start'}")
+        return 2
+    if outcome.table:
+        print(outcome.table, flush=True)
+    for path in outcome.written:
+        print(f"wrote {path}", flush=True)
+    if outcome.state != "finished":
+        _say(outcome.message)
+    _say(f"eval: its lines are in {source.log_path}")
+    return outcome.code
 
 
 def _say(line: str) -> None:
@@ -148,6 +208,7 @@ def _say(line: str) -> None:
 
 async def _run(ev, eval_error: type[Exception]) -> int:
     from loadgen.eval.battery import run_eval
+    from loadgen.eval.eval_process import stopped_line
     from loadgen.eval.output import write_outputs
 
     task = asyncio.current_task()
@@ -167,7 +228,7 @@ async def _run(ev, eval_error: type[Exception]) -> int:
     except asyncio.CancelledError:
         if not stopped:
             raise
-        _say(f"eval: stopped; resume with: tokentop eval --out {ev.out}")
+        _say(stopped_line(ev.out, ev.cfg.url))
         return 130
     except eval_error as e:
         _say(f"{PROG}: {e}")
