@@ -9,7 +9,9 @@ what is there now.
 The plots are for a postmortem: a title, units on every axis and in the legend, a
 legend entry only for a line that is drawn, time in the run's own scale (seconds, minutes
 or hours: time_axis), client outages shaded red, /metrics outages orange, pauses blue,
-recording gaps grey, and a dashed line (labelled) at each operator event and note (`e`).
+recording gaps grey, faults a proxy put on (the eval's faults phase: "fault" events)
+dotted, and a dashed line (labelled) at each operator event and note (`e`). report.md has
+a table of those faults with the throughput and latency measured while each was on.
 
 A memory slope over less than MIN_SLOPE_SPAN_S of samples (10 min, loadgen.model.trend: the
 console's RSS slope follows the same rule) is withheld: report.json has slope_mb_h null
@@ -49,7 +51,7 @@ from msgspec import UNSET, UnsetType
 
 from loadgen.analysis.soak import SoakAnalyzer
 from loadgen.analysis.soak_result import Slope, SoakResult
-from loadgen.model import trend, units
+from loadgen.model import hdr, trend, units
 from loadgen.model.slo import parse_slos
 from loadgen.model.snapshot import Snapshot
 from loadgen.model.trend import MIN_SLOPE_SPAN_S
@@ -59,6 +61,7 @@ from loadgen.record.rundir import (
     first_snapshot,
     iter_snapshots,
     last_snapshot,
+    read_events,
     read_manifest,
     run_state,
 )
@@ -92,11 +95,109 @@ class NotWritten(msgspec.Struct, kw_only=True):
     why: str  # in words: "disk full"
 
 
+class SpanFigures(msgspec.Struct, kw_only=True):
+    """What was measured while something was on (a fault): the ticks wholly inside the
+    span, as DuringSpan takes them. None: no such tick, or no sample."""
+
+    ticks: int  # how many ticks the figures are of
+    output_tok_s: float | None
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+    e2e_p50_ms: float | None
+    e2e_p90_ms: float | None
+    e2e_p99_ms: float | None
+
+
+class DuringSpan:
+    """Throughput and latency over the ticks wholly inside [start, end] (end None: to the
+    last). A Snapshot covers the interval before its time: the tick that ends just after
+    the start is mostly from before the fault (a quarter second at 400 tok/s moved a 4 s
+    cap's rate by half), so it is left out, and so are the requests that ended in it."""
+
+    def __init__(self, start: float, end: float | None) -> None:
+        self.start, self.end = start, end
+        self._prev_tokens = 0
+        self._tokens = 0
+        self._seconds = 0.0
+        self._ticks = 0
+        self._dense = {m: np.zeros(hdr.COUNTS_LEN, np.int64) for m in ("itl", "e2e")}
+
+    def see(self, snap: Snapshot) -> None:
+        """Every Snapshot of the run, in order (those outside the span only set the base)."""
+        tokens = snap.counters.output_tokens
+        inside = (self.start <= snap.t - snap.interval
+                  and (self.end is None or snap.t <= self.end))
+        if inside:
+            self._tokens += tokens - self._prev_tokens
+            self._seconds += snap.interval
+            self._ticks += 1
+            for m, dense in self._dense.items():
+                if m in snap.hist:
+                    dense += hdr.decode(snap.hist[m])
+        self._prev_tokens = tokens
+
+    def figures(self) -> SpanFigures:
+        itl, e2e = (hdr.summarize(self._dense[m]) for m in ("itl", "e2e"))
+        rate = self._tokens / self._seconds if self._seconds > 0 else None
+        return SpanFigures(ticks=self._ticks, output_tok_s=_round(rate, 1),
+                           itl_p50_ms=_ms_of(itl["p50"]), itl_p99_ms=_ms_of(itl["p99"]),
+                           e2e_p50_ms=_ms_of(e2e["p50"]), e2e_p90_ms=_ms_of(e2e["p90"]),
+                           e2e_p99_ms=_ms_of(e2e["p99"]))
+
+
+def _ms_of(us: int | None) -> float | None:
+    return None if us is None else us / 1000.0
+
+
+def _round(x: float | None, digits: int) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+class FaultRow(msgspec.Struct, kw_only=True):
+    """One fault of the run (a fault-injecting proxy's, the eval's faults phase), from its
+    "fault" events in events.jsonl: the start event, and the end whose `since` names it."""
+
+    what: str  # the start event's words: the fault and its settings
+    start: float  # unix seconds
+    end: float | None  # None: no end recorded (the run ended with it on, or was cut)
+    start_rel: float  # seconds from the run's first Snapshot
+    duration_s: float | None
+    during: SpanFigures | None = None
+
+
+class FaultSpans:
+    """The "fault" events of a run directory paired into spans, and what was measured in
+    each (feed it every Snapshot)."""
+
+    def __init__(self, run_dir: Path, warn) -> None:
+        events = [e for e in read_events(run_dir, warn=warn) if e.get("kind") == "fault"]
+        ends = {e["since"]: e["t"] for e in events if e.get("since") is not None}
+        self._spans = [(e, ends.get(e["t"])) for e in events if e.get("since") is None]
+        self._during = [DuringSpan(e["t"], end) for e, end in self._spans]
+
+    def see(self, snap: Snapshot) -> None:
+        for d in self._during:
+            d.see(snap)
+
+    def rows(self, start_time: float) -> list[FaultRow]:
+        return [FaultRow(what=_cell(str(e.get("message", ""))), start=e["t"], end=end,
+                         start_rel=round(e["t"] - start_time, 3),
+                         duration_s=None if end is None else round(end - e["t"], 3),
+                         during=d.figures())
+                for (e, end), d in zip(self._spans, self._during, strict=True)]
+
+
+def _cell(text: str) -> str:
+    """Text from a file, fit for a table cell and a terminal: printable, no `|`."""
+    return "".join(c if c.isprintable() and c != "|" else " " for c in text)[:200]
+
+
 class Report(SoakResult, kw_only=True):
     """What `tokentop report` computes of a run directory (report.json): the soak analysis
     and what the directory says of the run."""
 
     pauses: list[Pause] = msgspec.field(default_factory=list)  # not in the first reports
+    faults: list[FaultRow] = msgspec.field(default_factory=list)  # the "fault" events' spans
     run_dir: str
     manifest: dict[str, Any]  # manifest.json's facts about the run, as it has them
     status: str  # the run's state in words (STATUS_TEXT)
@@ -166,9 +267,11 @@ def soak_report(run_dir: Path | str, *, slo: str | None = None, bucket_s: float 
         bucket_s = pick_bucket(span)
     analyzer = SoakAnalyzer(slos=slos, bucket_s=bucket_s, tail_k=tail_k, tail_abs_us=tail_abs_us)
     pauses = Pauses()
+    faults = FaultSpans(run_dir, warnings.append)
     for snap in iter_snapshots(run_dir, warn=warnings.append):
         analyzer.add(snap)
         pauses.see(snap)
+        faults.see(snap)
     soak = analyzer.analysis()
     drift = soak.drift
     # the analyzer's span_h, unrounded (the Slope's is rounded)
@@ -178,6 +281,7 @@ def soak_report(run_dir: Path | str, *, slo: str | None = None, bucket_s: float 
     result = Report(
         **(msgspec.structs.asdict(soak) | {"state": state}),  # the run's, not its load's
         pauses=pauses.spans(analyzer.start_time or 0.0),
+        faults=faults.rows(analyzer.start_time or 0.0),
         run_dir=str(run_dir),
         manifest={k: manifest.get(k) for k in (
             "tokentop_version", "run_id", "status", "start_time", "end_time", "engine", "host",
@@ -340,6 +444,25 @@ def _operator_section(r: dict) -> list[str]:
     return [*out, ""]
 
 
+def _fault_section(r: dict) -> list[str]:
+    """The faults a proxy put on the run (the eval's faults phase), and what the load
+    measured while each was on."""
+    rows = r.get("faults") or []
+    if not rows:
+        return []
+    out = ["## Faults", "", "| fault | start | end | duration | ticks | out tok/s | ITL p50 "
+           "| ITL p99 | E2E p50 | E2E p90 | E2E p99 |", "| --- |" + " --- |" * 10]
+    for f in rows:
+        d = f.get("during") or {}
+        ms = [_ms(d.get(k)) for k in ("itl_p50_ms", "itl_p99_ms", "e2e_p50_ms", "e2e_p90_ms",
+                                      "e2e_p99_ms")]
+        end = "not recorded" if f["end"] is None else _when(f["end"])
+        out.append(f"| {f['what']} | {_when(f['start'])} (+{_fmt_s(f['start_rel'])}) | {end} "
+                   f"| {_fmt_s(f['duration_s'])} | {d.get('ticks', 0)} | "
+                   f"{units.rate(d.get('output_tok_s'))} | {' | '.join(ms)} |")
+    return [*out, "", "Figures over the ticks wholly inside each fault.", ""]
+
+
 def _when(t: float | None) -> str:
     return units.NA if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
@@ -385,6 +508,7 @@ def markdown(r: dict, plots: list[str]) -> str:
     if r.get("server_metrics_never_answered"):
         out += [f"The server's /metrics never answered "
                 f"({r['server_metrics_never_answered']}): no server-side outage detection.", ""]
+    out += _fault_section(r)
     out += _watched_events(r.get("events") or [])
     out += _operator_section(r)
     if r["gaps"]:
@@ -558,6 +682,9 @@ def _spans(r: dict) -> list[tuple[str, dict, float, float]]:
     out += [("recording gap (tokentop not running)",
              {"color": "grey", "alpha": 0.3, "hatch": "//"}, g["start"], g["end"])
             for g in r["gaps"]]
+    last = r.get("last_t") or 0.0
+    out += [("fault on (proxy)", {"color": "C8", "alpha": 0.12, "hatch": ".."}, f["start"],
+             f["end"] if f["end"] is not None else last) for f in r.get("faults") or []]
     return out
 
 

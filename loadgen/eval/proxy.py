@@ -35,13 +35,16 @@ injects faults, switched at run time (`latency`, `reset`, `blackhole`, `bandwidt
 
 Every fault applied and cleared is a `FaultEvent` in `events` (unix time, as Snapshots
 are dated), so the eval can shade faults on its plots and judge each one's success rate
-(`fault_spans`); `counters` says what the proxy did (connections, resets, bytes).
+(`fault_spans`), and `on_change` is told of each as it happens (the faults phase notes it
+in its run: a "fault" event in events.jsonl, loadgen.eval.under_fault.FaultNotes);
+`counters` says what the proxy did (connections, resets, bytes).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import random
 import socket
@@ -52,6 +55,8 @@ from dataclasses import dataclass, field
 from typing import Literal, cast, get_args
 from urllib.parse import urlsplit, urlunsplit
 
+from loadgen.model import units
+
 FaultName = Literal["latency", "reset", "blackhole", "bandwidth"]
 FAULTS: tuple[FaultName, ...] = get_args(FaultName)
 Action = Literal["apply", "clear"]
@@ -61,6 +66,8 @@ BURST_S = 0.1  # the bandwidth bucket holds this many seconds' worth of bytes
 DELAY_LINE_CHUNKS = 256  # chunks a connection holds in its delay line before it reads on
 RESET_WITHIN_S = 1.0  # a doomed response is reset within this long of its request
 _RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST
+
+log = logging.getLogger("tokentop.proxy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,19 +91,45 @@ class FaultSpan:
     params: dict[str, float]
 
 
+def fault_words(fault: FaultName, params: Mapping[str, float]) -> str:
+    """A fault and its settings as a person reads them: "bandwidth cap 19.5 KiB/s"."""
+    p = params
+    if fault == "latency":
+        jitter = f" ± {units.ms(p['jitter_ms'] * 1e3)}" if p.get("jitter_ms") else ""
+        return f"latency +{units.ms(p['ms'] * 1e3)}{jitter} per chunk"
+    if fault == "reset":
+        return (f"reset {units.pct(p['probability'])} of connections (within "
+                f"{units.duration(p['within_s'])} of a request)")
+    if fault == "blackhole":
+        return f"blackhole for {units.duration(p['seconds'])}"
+    return f"bandwidth cap {units.bytes_(p['bytes_per_s'])}/s"
+
+
 def fault_spans(events: Sequence[FaultEvent]) -> list[FaultSpan]:
     """The spans of `events`, in order of start. A fault applied again while on (new
     settings) ends its span and starts another."""
-    out: list[FaultSpan] = []
-    open_: dict[FaultName, FaultEvent] = {}
-    for ev in events:
-        began = open_.pop(ev.fault, None)
-        if began is not None:
-            out.append(FaultSpan(ev.fault, began.t, ev.t, began.params))
-        if ev.action == "apply":
-            open_[ev.fault] = ev
-    out += [FaultSpan(ev.fault, ev.t, None, ev.params) for ev in open_.values()]
+    spans = Spans()
+    out = [ended for ev in events if (ended := spans.see(ev)) is not None]
+    out += spans.still_on()
     return sorted(out, key=lambda s: s.start)
+
+
+class Spans:
+    """Pairs FaultEvents into spans as they come: the one definition of where a fault's
+    span ends (its clearing, or its being applied again with new settings)."""
+
+    def __init__(self) -> None:
+        self.on: dict[FaultName, FaultEvent] = {}  # the apply of each fault now on
+
+    def see(self, ev: FaultEvent) -> FaultSpan | None:
+        """Take `ev`; the span it ended, if it ended one."""
+        began = self.on.pop(ev.fault, None)
+        if ev.action == "apply":
+            self.on[ev.fault] = ev
+        return None if began is None else FaultSpan(ev.fault, began.t, ev.t, began.params)
+
+    def still_on(self) -> list[FaultSpan]:
+        return [FaultSpan(ev.fault, ev.t, None, ev.params) for ev in self.on.values()]
 
 
 @dataclass(slots=True)
@@ -206,8 +239,11 @@ class FaultProxy:
 
     def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1",
                  listen_port: int = 0, *, seed: int = 0,
-                 connect_timeout_s: float = 10.0) -> None:
+                 connect_timeout_s: float = 10.0,
+                 on_change: Callable[[FaultEvent], None] | None = None) -> None:
         self.target = (target_host, target_port)
+        # told of each FaultEvent as it happens (the faults phase notes it in its run)
+        self.on_change = on_change
         self.listen = (listen_host, listen_port)
         self.connect_timeout_s = connect_timeout_s
         self.counters = ProxyCounters()
@@ -319,7 +355,13 @@ class FaultProxy:
 
     def _record(self, fault: FaultName, action: Action, params: dict[str, float]) -> None:
         elapsed = asyncio.get_running_loop().time() - self._t0
-        self.events.append(FaultEvent(time.time(), elapsed, fault, action, dict(params)))
+        event = FaultEvent(time.time(), elapsed, fault, action, dict(params))
+        self.events.append(event)
+        if self.on_change is not None:
+            try:
+                self.on_change(event)
+            except Exception:  # a listener's bug must not stop the faults (it is logged)
+                log.exception("the fault proxy's on_change failed")
 
     # ---- the schedule ----------------------------------------------------------------------
 

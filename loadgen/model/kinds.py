@@ -47,6 +47,7 @@ EventKind = Literal[
     "client",  # the load generator itself is saturated
     "record",  # the recording: where it goes, and when it fails
     "replay",  # replay's own news (end reached, following)
+    "fault",  # a network fault the eval's proxy put on or took off (loadgen.eval.proxy)
     "recording",  # older runs' name for "record", still read
 ]
 EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)

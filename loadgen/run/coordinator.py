@@ -27,6 +27,7 @@ import msgspec
 import numpy as np
 
 from loadgen.model import hdr
+from loadgen.model.kinds import EventKind, Level
 from loadgen.model.outage import OutageTracker, Stalled, Tick
 from loadgen.model.snapshot import (
     METRICS,
@@ -504,6 +505,15 @@ class Coordinator:
         """One event of this tick; `payload`: Event's typed fields (count, error, since…)."""
         self._events.append(Event(t=time.time(), kind=kind, level=level, message=message,
                                   **payload))
+        log.info("%s: %s", kind, message)
+
+    def note(self, kind: EventKind, message: str, level: Level = "info", *,
+             t: float | None = None, **payload) -> None:
+        """An event from beside the run (the eval's fault proxy): recorded with the next
+        tick's Snapshot like the run's own. `t`: when it happened (unix seconds), when
+        that was before now; `payload`: Event's typed fields."""
+        self._events.append(Event(t=time.time() if t is None else t, kind=kind, level=level,
+                                  message=message, **payload))
         log.info("%s: %s", kind, message)
 
     def _note_errors(self, r: wire.Report) -> None:

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ from pathlib import Path
 import msgspec
 
 from loadgen.fleet.remote import LoadNow
+from loadgen.model.kinds import EventKind, Level
 from loadgen.model.notice import Notice, Say
 from loadgen.model.outage import OutageTally
 from loadgen.model.slo import Slos
@@ -116,6 +118,7 @@ class Session:
         self._started_sinks: list[Sink] = []
         self._finished: Outcome | None = None
         self._stop_asked = asyncio.Event()  # also ends the wait for the target
+        self._notes: list[tuple[EventKind, str, Level, float, dict]] = []  # note()s before start
 
     @property
     def run_id(self) -> str:
@@ -198,6 +201,9 @@ class Session:
             self.publish = Publish(cfg.publish, self.secrets.mqtt_password, self.say)
             self.sinks.insert(0, self.publish)
         self.coord = Coordinator(cfg, self.secrets, resume=resume)
+        for kind, message, level, t, payload in self._notes:  # noted before the start
+            self.coord.note(kind, message, level, t=t, **payload)
+        self._notes = []
         self.recording = Recording.open(
             config=self._fit_to_write(msgspec.to_builtins(cfg)), run_id=self.coord.run_id,
             out=cfg.out,
@@ -231,6 +237,18 @@ class Session:
     async def control(self, msg: Control) -> None:
         if self.coord is not None:
             await self.coord.control(msg)
+
+    def note(self, kind: EventKind, message: str, level: Level = "info", *,
+             t: float | None = None, **payload) -> None:
+        """Add an event to the run from code beside it (the eval's fault proxy): it goes
+        with the next tick's Snapshot, so it is recorded (events.jsonl), published and
+        shown like the run's own. Noted before start() it waits for the first tick.
+        `t`: when it happened (default now); `payload`: Event's typed fields."""
+        t = time.time() if t is None else t
+        if self.coord is None:
+            self._notes.append((kind, message, level, t, payload))
+            return
+        self.coord.note(kind, message, level, t=t, **payload)
 
     def request_stop(self, reason: str | None = None, *, grace: float | None = None) -> None:
         """Stop in order: in-flight requests get --drain-grace to finish, or `grace` s when
