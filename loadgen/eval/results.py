@@ -139,7 +139,7 @@ class LeaksFigures(_Figures, kw_only=True):
 
 
 class UnderFault(_Figures, kw_only=True):
-    """While one fault was on (battery._under_fault)."""
+    """While one fault was on (loadgen.eval.under_fault)."""
 
     fault: str  # latency | reset | blackhole | bandwidth
     params: dict[str, Any]  # the fault's own, by kind (ms, probability, seconds …)
@@ -151,6 +151,14 @@ class UnderFault(_Figures, kw_only=True):
     success_rate: float | None
     silence_s: float | None
     recovery_s: float | None
+    # what the load measured while it was on (loadgen.analysis.report.DuringSpan: the ticks
+    # wholly inside the span); not in the evals before them
+    output_tok_s: float | UnsetType | None = UNSET
+    itl_p50_ms: float | UnsetType | None = UNSET
+    itl_p99_ms: float | UnsetType | None = UNSET
+    e2e_p50_ms: float | UnsetType | None = UNSET
+    e2e_p90_ms: float | UnsetType | None = UNSET
+    e2e_p99_ms: float | UnsetType | None = UNSET
 
 
 class ChaosFigures(_Figures, kw_only=True):
