@@ -226,3 +226,27 @@ class ScriptedSource:
     async def close(self) -> None:
         self.closed = True
         self._closed_event.set()
+
+
+class ScriptedEvalSource(ScriptedSource):
+    """A ScriptedSource that is an eval's (loadgen.eval.eval_process.WatchesEval): where the
+    eval stands is `progress`, fixed, so the phase strip's picture is the same every time."""
+
+    def __init__(self, snapshots: list[Snapshot], progress, **kw) -> None:
+        super().__init__(snapshots, description=f"eval: {URL} → /evals/vllm-0.11", **kw)
+        self.kind = "eval"
+        self.progress = progress
+
+    def eval_progress(self):
+        return self.progress
+
+
+def eval_progress(**changes):
+    """Phase 3 of 7, the long tail, 12:04 left in it and 3:10:00 in the eval, 17/52 rows."""
+    from loadgen.eval.eval_process import EvalProgress
+    from loadgen.eval.phases import ABOUT
+
+    fields = {"index": 3, "count": 7, "name": "long_tail", "about": ABOUT["long_tail"].what,
+              "phase_left_s": 724.0, "eval_left_s": 11_400.0, "rows_filled": 17,
+              "rows_total": 52, "at": T0}
+    return EvalProgress(**{**fields, **changes})

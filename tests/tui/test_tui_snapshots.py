@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from scripted_source import ScriptedSource, make_snapshots
+from scripted_source import ScriptedEvalSource, ScriptedSource, eval_progress, make_snapshots
 from textual.pilot import Pilot
 
 from loadgen.model.slo import parse_slos
@@ -59,4 +59,14 @@ def test_main_screen(snap_compare, size: tuple[int, int], gpus: int, theme: str)
     source = WatchedSource(ScriptedSource(make_snapshots(N, gpus=gpus), hold=True),
                            parse_slos(SLO))
     app = TokentopApp(source, theme=theme, refresh=0.05, slo=SLO)
+    assert snap_compare(app, terminal_size=size, run_before=_final_snapshot_drawn)
+
+
+@pytest.mark.parametrize(("size", "gpus"), [((80, 24), 1), ((120, 40), 2)],
+                         ids=["80x24", "120x40"])
+def test_eval_screen(snap_compare, size: tuple[int, int], gpus: int) -> None:
+    """The console over an eval: the phase strip under the header (shortened at 80 columns,
+    with what the phase measures at 120), the running phase's panels below it."""
+    source = ScriptedEvalSource(make_snapshots(N, gpus=gpus), eval_progress(), hold=True)
+    app = TokentopApp(source, refresh=0.05, slo=SLO)
     assert snap_compare(app, terminal_size=size, run_before=_final_snapshot_drawn)
