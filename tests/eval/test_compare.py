@@ -283,3 +283,16 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path, flags, says):
     assert r.returncode == 2
     assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.stderr
+
+
+def test_repeated_rows_show_their_interval_and_the_rule_that_judged_them():
+    rng = np.random.default_rng(11)
+    ra, rb = repeated(rng.normal(100, 0.5, 5)), repeated(rng.normal(130, 0.5, 5))
+    line = compare.Line(ra.id, (ra, rb), (None, compare.judge(ra, rb)))
+    lines = (line,)
+    c = compare.Comparison(("a", "b"), ("", ""), lines, (), tuple(compare._noise_notes(lines)))
+    text = compare.render(c, "text")
+    low, high = ra.interval
+    assert f"[{low:.3g} ms – {high:.3g} ms]" in text  # three figures, as every latency
+    assert "the two 95 % intervals do not overlap" in text and "one run each" not in text
+    assert "worse" in text.splitlines()[-1]
