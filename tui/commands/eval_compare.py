@@ -36,7 +36,7 @@ def _parser() -> Parser:
 
     p = Parser(prog=PROG, description=(
         "Evals side by side, rows matched by what they measure, each later eval judged "
-        "against the first: better or worse only beyond the noise (non-overlapping 95 %% "
+        "against the first: better or worse only beyond the noise (non-overlapping 95 % "
         f"intervals with --repeat on both sides, else a ±{NOISE_BAND_PCT:g} % band); says "
         "where the evals differ (engine, model, GPUs, plan, workload, profile)."))
     p.add_argument("evals", nargs="+", type=Path, help="`tokentop eval --out` directories "
