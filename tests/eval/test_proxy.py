@@ -459,3 +459,34 @@ async def test_url_for_rewrites_only_the_address():
         assert proxy.url_for(sim.url) == f"http://127.0.0.1:{proxy.port}/v1"
         with pytest.raises(ValueError, match="plain HTTP"):
             proxy.url_for("https://example.com/v1")
+
+
+# ---- on_change --------------------------------------------------------------------------------
+
+async def test_on_change_hears_each_fault_as_it_is_applied_and_cleared():
+    """The listener gets every FaultEvent the moment the proxy records it (before the next
+    one: the faults phase dates its run's events by it), and one that raises is logged
+    without stopping the faults."""
+    heard: list[tuple[int, object]] = []
+    async with running_sim() as sim:
+        proxy = FaultProxy("127.0.0.1", sim.port,
+                           on_change=lambda ev: heard.append((len(proxy.events), ev)))
+        await proxy.start()
+        try:
+            plan = FaultSchedule.parse([
+                {"at": 0.05, "fault": "bandwidth", "bytes_per_s": 1e6, "for": 0.1},
+                {"at": 0.1, "fault": "blackhole", "seconds": 0.1}])
+            await asyncio.wait_for(proxy.run_schedule(plan), 1.0 + WAIT_S)
+            assert [ev for _, ev in heard] == proxy.events
+            assert [n for n, _ in heard] == [1, 2, 3, 4]  # each as it was recorded
+
+            def broken(ev: object) -> None:
+                raise RuntimeError("a listener's bug")
+
+            proxy.on_change = broken
+            proxy.latency(50.0)
+            proxy.clear()
+        finally:
+            await proxy.close()
+    assert [(e.fault, e.action) for e in proxy.events[-2:]] == [
+        ("latency", "apply"), ("latency", "clear")]
