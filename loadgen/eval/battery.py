@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import time
 import traceback
@@ -27,7 +28,15 @@ import msgspec
 
 from loadgen.analysis.report import Report, soak_report, write_soak_report
 from loadgen.analysis.soak_result import Slope
-from loadgen.analysis.sweep import SweepPlan, find_knee, run_sweep
+from loadgen.analysis.sweep import (
+    StepResult,
+    SweepPlan,
+    best_goodput,
+    find_knee,
+    run_sweep,
+)
+from loadgen.analysis.sweep import write_outputs as write_sweep
+from loadgen.eval import matrix
 from loadgen.eval.chaos import Chaos, listener_pid, mttr_apart_from_kill
 from loadgen.eval.dcgm_watch import DcgmWatch
 from loadgen.eval.efficiency import gpu_use
@@ -65,6 +74,7 @@ from loadgen.eval.results import (
     state_to_builtins,
 )
 from loadgen.eval.under_fault import under_fault
+from loadgen.eval.validity import span_of
 from loadgen.model.notice import Notice
 from loadgen.record.rundir import write_json_atomic
 from loadgen.run.config import RunConfig
@@ -291,33 +301,71 @@ def _baseline_load(ev: Eval) -> dict[str, Any]:
 
 
 async def baseline(ev: Eval) -> PhaseResult:
-    b = ev.phases.baseline
-    if not b.enabled:
+    """The baseline load, the plan's `repeat` times: the first run's figures, and with
+    repeats every run's value by row id (the matrix's rows: their mean and interval)."""
+    if not ev.phases.baseline.enabled:
         return skipped("disabled in the plan")
-    cfg = _phase_cfg(ev, "baseline", duration=float(b.duration), warmup=float(b.warmup),
+    runs = [await _baseline_run(ev, "baseline" if k == 0 else f"baseline.r{k + 1}")
+            for k in range(ev.plan.repeat)]
+    first, run_dir = runs[0]
+    if len(runs) > 1:
+        first.repeats = repeated_values([f for f, _ in runs], _baseline_rows)
+        first.run_dirs = [d for _, d in runs]
+    return done(first, run_dir)
+
+
+def _baseline_rows(figures: BaselineFigures) -> list:
+    return list(matrix.BUILDERS["baseline"](Results(baseline=done(figures))))
+
+
+def repeated_values(figures: list, rows_of: Callable[[Any], list]) -> dict[str, list]:
+    """Each row's value in each run, by row id: the matrix's own rows of each run's figures,
+    so a repeat is judged by the same definitions as the row it is a repeat of."""
+    out: dict[str, list] = {}
+    for f in figures:
+        for row in rows_of(f):
+            out.setdefault(row.id, []).append(row.value)
+    return out
+
+
+async def _baseline_run(ev: Eval, name: str) -> tuple[BaselineFigures, str]:
+    b = ev.phases.baseline
+    cfg = _phase_cfg(ev, name, duration=float(b.duration), warmup=float(b.warmup),
                      **_baseline_load(ev))
     dcgm = DcgmWatch(ev.dcgm_url, float(b.warmup))
     watching = asyncio.create_task(dcgm.run())
     try:
-        run_dir = await _session(ev, "baseline", cfg)
+        run_dir = await _session(ev, name, cfg)
     finally:
         watching.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watching
     r, _ = soak_report(run_dir, warnings=[])
-    return done(BaselineFigures(
+    span = span_of(run_dir, r.measured_from, r.measured_to)
+    measured = r.measured_requests
+    per_request = ev.plan.slos().per_request
+    return BaselineFigures(
         load=_load_text(b.mode, b.concurrency, b.rate),
         req_s=r.rates.req_s, output_tok_s=r.rates.output_tok_s,
-        goodput_req_s=r.rates.goodput_req_s if ev.plan.slo else None,
+        goodput_req_s=r.rates.goodput_req_s if per_request is not None else None,
         error_rate=r.rates.error_rate,
-        latency_ms={m: r.latency_ms.get(m) for m in ("ttft", "itl", "e2e")},
+        latency_ms={m: r.latency_ms.get(m) for m in BASELINE_LATENCIES},
         thresholds=r.thresholds,
         **msgspec.structs.asdict(gpu_use(run_dir, r)),
         dcgm=dcgm.result(run_dir, r),
-    ), str(run_dir))
+        requests=measured.ok + measured.failed if measured is not None else msgspec.UNSET,
+        input_tok_s=span.input_tok_s, span=span,
+        goodput_slo=per_request.text if per_request is not None else None,
+    ), str(run_dir)
+
+
+BASELINE_LATENCIES = ("ttft", "itl", "tpot", "e2e")
 
 
 async def ramp(ev: Eval) -> PhaseResult:
+    """The sweep, the plan's `repeat` times (the repeats at the first one's loads, so an
+    auto sweep's steps line up): the knee and the best goodput of the mean curve, and with
+    repeats every run's figures at those loads (the rows' intervals)."""
     p = ev.phases.ramp
     if not p.enabled:
         return skipped("disabled in the plan")
@@ -328,22 +376,79 @@ async def ramp(ev: Eval) -> PhaseResult:
                      step_seconds=float(p.step_duration), step_warmup=float(p.step_warmup),
                      knee_fraction=p.knee_fraction, max_error_rate=float(p.max_error_rate),
                      out=ev.out / "ramp")
-    try:
-        steps = await run_sweep(cfg, plan, ev.secrets, echo=lambda s: ev.say(f"  ramp: {s}"),
-                                progress=lambda s: ev.say(f"  ramp: {s}"),
-                                sinks=ev.sinks_for("ramp"))
-    except SessionError as e:
-        raise EvalError(f"ramp: {e}") from None
-    from loadgen.analysis.sweep import best_goodput, write_outputs
-
+    runs = [await _sweep(ev, cfg, plan, "ramp")]
+    plan = dataclasses.replace(plan, steps=[s.load for s in runs[0]])
+    for k in range(2, ev.plan.repeat + 1):
+        runs.append(await _sweep(ev, msgspec.structs.replace(
+            cfg, out=str(_run_dir(ev, f"ramp.r{k}"))), plan, f"ramp {k}/{ev.plan.repeat}"))
+    steps = mean_steps(runs)
     knee, best = find_knee(steps, p.knee_fraction), best_goodput(steps)
-    write_outputs(ev.out / "ramp", cfg, steps, knee, best, p.knee_fraction)
+    write_sweep(ev.out / "ramp", cfg, steps, knee, best, p.knee_fraction)
     top = max(steps, key=lambda s: s.output_tok_s, default=None)
-    return done(RampFigures(
+    figures = RampFigures(
         unit="streams" if cfg.mode == "closed" else "req/s", steps=steps, knee=knee,
         best_goodput=best, max_output_tok_s=top.output_tok_s if top else None,
-        plot=str(ev.out / "ramp" / "sweep.png"),
-    ), cfg.out)
+        plot=str(ev.out / "ramp" / "sweep.png"))
+    if len(runs) > 1:
+        figures.repeats = _ramp_repeats(runs, knee, best, top)
+    return done(figures, cfg.out)
+
+
+async def _sweep(ev: Eval, cfg: RunConfig, plan: SweepPlan, name: str) -> list[StepResult]:
+    try:
+        return await run_sweep(cfg, plan, ev.secrets, echo=lambda s: ev.say(f"  {name}: {s}"),
+                               progress=lambda s: ev.say(f"  {name}: {s}"),
+                               sinks=ev.sinks_for("ramp"))
+    except SessionError as e:
+        raise EvalError(f"{name}: {e}") from None
+
+
+def mean_steps(runs: list[list[StepResult]]) -> list[StepResult]:
+    """One curve of several sweeps: each load's figures averaged over the runs that held it
+    (a repeat that stopped early holds fewer); a step saturated in any run is saturated."""
+    by_load: dict[float, list[StepResult]] = {}
+    for run in runs:
+        for step in run:
+            by_load.setdefault(step.load, []).append(step)
+    return [_mean_step(held) for _, held in sorted(by_load.items())]
+
+
+def _mean_step(held: list[StepResult]) -> StepResult:
+    if len(held) == 1:
+        return held[0]
+    out = dataclasses.replace(held[0])
+    for f in dataclasses.fields(StepResult):
+        values = [getattr(s, f.name) for s in held]
+        sample = next((v for v in values if v is not None), None)
+        if isinstance(sample, dict):
+            setattr(out, f.name, {k: _mean([(v or {}).get(k) for v in values]) for k in sample})
+        elif isinstance(sample, float | int) and not isinstance(sample, bool) \
+                and f.name != "load":
+            setattr(out, f.name, _mean(values))
+    out.saturated = any(s.saturated for s in held)
+    return out
+
+
+def _mean(values: list) -> float | None:
+    got = [v for v in values if v is not None]
+    return sum(got) / len(got) if got else None
+
+
+def _ramp_repeats(runs: list[list[StepResult]], knee: StepResult | None,
+                  best: StepResult | None, top: StepResult | None) -> dict[str, list]:
+    """Every run's figure at the mean curve's knee, best goodput and top, by row id."""
+    def at(load: float | None, run: list[StepResult]) -> StepResult | None:
+        return next((s for s in run if s.load == load), None)
+
+    out: dict[str, list] = {}
+    for run in runs:
+        k, b, t = (at(x.load if x else None, run) for x in (knee, best, top))
+        for id_, value in (("ramp.knee.output_tok_s", k and k.output_tok_s),
+                           ("ramp.knee.ttft.p99", k and k.ttft_ms.get("p99")),
+                           ("ramp.max_goodput", b and b.goodput_req_s),
+                           ("ramp.max_output_tok_s", t and t.output_tok_s)):
+            out.setdefault(id_, []).append(value)
+    return out
 
 
 def knee_load(ev: Eval) -> tuple[float | None, str]:
@@ -374,10 +479,11 @@ async def long_tail(ev: Eval) -> PhaseResult:
                      duration=float(p.duration), warmup=0.0)
     run_dir = await _session(ev, "long_tail", cfg)
     r = _report(run_dir, bucket_s=float(p.bucket), tail_k=p.tail_k)
+    span = span_of(run_dir, r.measured_from, r.measured_to, r.long_tail.limits_ms)
     return done(LongTailFigures(
         load=_load_text(mode, int(load), float(load)), seconds=r.measured_s,
         long_tail=r.long_tail, drift=r.drift, availability=r.availability, outages=r.outages,
-        latency_ms=r.latency_ms, plots=r.plots or [],
+        latency_ms=r.latency_ms, plots=r.plots or [], span=span,
     ), str(run_dir))
 
 
@@ -431,7 +537,7 @@ async def faults(ev: Eval) -> PhaseResult:
         outages=r.outages, mttr_s=mttr_apart_from_kill(r.outages, r.mttr_s, killed),
         availability=r.availability,
         proxy=ProxyCounts(resets=counters.reset, accepted=counters.accepted),
-        plots=r.plots or [],
+        plots=r.plots or [], span=span_of(run_dir, None, None),
     ), str(run_dir))
 
 

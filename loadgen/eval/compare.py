@@ -32,7 +32,7 @@ from typing import Any
 
 from msgspec import UNSET
 
-from loadgen.eval.matrix import Row, rows, shown
+from loadgen.eval.matrix import Row, shown, state_rows
 from loadgen.eval.results import EvalState, GpuInfo, Header, Workload
 from loadgen.model import units
 
@@ -194,7 +194,7 @@ def gate(c: Comparison, pct: float) -> Gate:
 
 def comparison(evals: Sequence[tuple[str, EvalState]]) -> Comparison:
     """The evals' rows matched by id, each later one judged against the first."""
-    by_eval = [{r.id: r for r in rows(e.phases)} for _, e in evals]
+    by_eval = [{r.id: r for r in state_rows(e)} for _, e in evals]
     lines = []
     for id_ in _ids([list(t) for t in by_eval]):
         row_of = tuple(t.get(id_) for t in by_eval)

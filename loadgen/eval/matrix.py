@@ -11,22 +11,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import KW_ONLY, asdict, dataclass
+from dataclasses import KW_ONLY, asdict, dataclass, replace
 from typing import TypeVar
 
 from msgspec import UNSET, UnsetType
 
 from loadgen.analysis.soak_result import Summary, ThresholdResult
+from loadgen.eval import validity
 from loadgen.eval.chaos import PROBE_EVERY_S
 from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.results import (
     Dcgm,
+    EvalState,
     PhaseResult,
     Results,
     UnderFault,
 )
 from loadgen.model import units
 from loadgen.model.outage import OUTAGE_MIN_S
+from loadgen.model.slo import Threshold, parse_slos
 
 F = TypeVar("F")
 T = TypeVar("T")
@@ -51,17 +54,55 @@ class Row:
     interval: tuple[float, float] | None = None  # 95 % over the repeats
     repeats: int = 1
     limit: str = ""  # the plan's limit the verdict judged ("< 500 ms"), "" when none
+    # the SLO metric and statistic the value is ("ttft", "p99"): the plan's threshold on
+    # them gives the row its verdict (judge)
+    judged_as: tuple[str, str | None] | None = None
 
     @property
     def key(self) -> str:
         return self.id
 
 
-def rows(results: Results) -> list[Row]:
+def rows(results: Results, slo: str | None = None) -> list[Row]:
+    """Every row, in the phases' order; with the plan's `slo`, each row a whole-run threshold
+    of it applies to is judged (its verdict and limit)."""
+    thresholds = parse_slos(slo).thresholds if slo else []
     out: list[Row] = []
     for name in PHASES:
-        out += list(BUILDERS[name](results))
+        out += [judge(r, thresholds) for r in BUILDERS[name](results)]
     return out
+
+
+def state_rows(state: EvalState) -> list[Row]:
+    """An eval's rows, judged by its own plan's SLOs."""
+    slo = state.plan.get("slo") if isinstance(state.plan, dict) else None
+    return rows(state.phases, slo if isinstance(slo, str) else None)
+
+
+def judge(r: Row, thresholds: list[Threshold]) -> Row:
+    """The row with the verdict of the threshold on what it measures (the last one given,
+    as --slo reads a repeated limit), its value taken in the threshold's unit."""
+    if r.judged_as is None or r.value is None or r.verdict is not None:
+        return r
+    metric, stat = r.judged_as
+    for th in reversed(thresholds):
+        if (th.metric, th.stat) == (metric, stat):
+            measured = r.value * _TO_THRESHOLD.get(r.unit, 1.0)
+            return replace(r, verdict="PASS" if th.passes(measured) else "FAIL",
+                           limit=f"{th.op} {_limit_text(th)}")
+    return r
+
+
+# a row's unit to the threshold's: ms to µs, % to a fraction
+_TO_THRESHOLD = {"ms": 1000.0, "%": 0.01}
+
+
+def _limit_text(th: Threshold) -> str:
+    if th.stat is not None:
+        return units.ms(th.value)
+    if th.metric in ("error_rate", "availability"):
+        return units.pct(th.value)
+    return f"{th.value:g}"
 
 
 def _ran(result: PhaseResult[F] | None, name: Phase) -> tuple[F | None, str]:
@@ -91,27 +132,86 @@ def _baseline(results: Results) -> Iterator[Row]:
     f, why = _ran(results.baseline, "baseline")
     dim = "latency & throughput"
     load = f.load if f else ""
-    yield Row(dim, "requests/s", f and f.req_s, "req/s", "higher", note=why,
-              id="baseline.req_s", load=load)
-    yield Row(dim, "output tokens/s", f and f.output_tok_s, "tok/s", "higher", note=why,
-              id="baseline.output_tok_s", load=load)
-    goodput = f and f.goodput_req_s
-    yield Row(dim, "goodput", goodput, "req/s", "higher",
-              note=why or ("" if goodput is not None else "no per-request SLO"),
-              id="baseline.goodput", load=load)
+    span = f and _given(f.span)
+    flags = span.flags() if span else ()
+    requests = f and _given(f.requests)
+    repeats = (f and _given(f.repeats)) or {}
+
+    def row(figure: str, value: float | None, unit: str, better: str | None, id_: str,
+            note: str = "", samples: int | None = requests, extra: tuple[str, ...] = (),
+            judged_as: tuple[str, str | None] | None = None) -> Row:
+        r = Row(dim, figure, value, unit, better, note=why or note, id=id_, load=load,
+                samples=samples, flags=() if why else flags + extra, judged_as=judged_as)
+        return _repeated(r, repeats.get(id_))
+
+    yield row("requests/s", f and f.req_s, "req/s", "higher", "baseline.req_s",
+              judged_as=("req_s", None))
+    yield row("output tokens/s", f and f.output_tok_s, "tok/s", "higher",
+              "baseline.output_tok_s", judged_as=("output_tok_s", None))
+    yield row("input tokens/s", f and _given(f.input_tok_s), "tok/s", "higher",
+              "baseline.input_tok_s", note="" if f and _given(f.input_tok_s) is not None
+              else "not recorded (an eval before round two)")
+    goodput, slo = f and f.goodput_req_s, f and _given(f.goodput_slo)
+    yield row("goodput", goodput, "req/s", "higher", "baseline.goodput",
+              note=f"requests within {slo}" if slo
+              else ("no per-request SLO" if goodput is None else ""),
+              judged_as=("goodput_req_s", None))
     rate = f and f.error_rate
-    yield Row(dim, "error rate", None if rate is None else rate * 100, "%", "lower", note=why,
-              id="baseline.error_rate", load=load)
+    yield row("error rate", None if rate is None else rate * 100, "%", "lower",
+              "baseline.error_rate", judged_as=("error_rate", None))
     latency = f and f.latency_ms
-    for metric, qs in (("ttft", ("p50", "p90", "p99", "p99.9")), ("itl", ("p50", "p99", "p99.9")),
-                       ("e2e", ("p50", "p99"))):
+    for metric, qs in BASELINE_PERCENTILES:
+        summary = latency.get(metric) if latency else None
+        count = summary.get("count") if summary else None
         for q in qs:
-            yield Row(dim, f"{metric.upper()} {q.upper()}", _ms(latency, metric, q), "ms",
-                      "lower", note=why, id=f"baseline.{metric}.{q}", load=load)
+            few = validity.too_few(count if isinstance(count, int) else None, q)
+            yield row(f"{metric.upper()} {q.upper()}", _ms(latency, metric, q), "ms", "lower",
+                      f"baseline.{metric}.{q}", samples=count if isinstance(count, int) else None,
+                      extra=(few,) if few else (), judged_as=(metric, q))
+    tpot = _ms(latency, "tpot", "p50")
+    yield row("per-user output tokens/s", None if not tpot else 1000.0 / tpot, "tok/s",
+              "higher", "baseline.per_user_tok_s",
+              note="1000 ÷ TPOT P50: the decode speed one user sees" if tpot
+              else "no TPOT (no request with two tokens or more)")
     for t in f.thresholds if f else []:
+        if (t.metric, t.stat) in _ROWS_JUDGED:
+            continue  # its verdict is on the row it judges
         value, unit = _threshold_value(t)
         yield Row("SLO", t.text, value, unit, None, "PASS" if t.passed else "FAIL", note=t.shown,
                   id=f"slo.{t.text}", load=load)
+
+
+BASELINE_PERCENTILES = (("ttft", ("p50", "p90", "p99", "p99.9")), ("itl", ("p50", "p99", "p99.9")),
+                        ("tpot", ("p50", "p99")), ("e2e", ("p50", "p90", "p99")))
+# the whole-run thresholds a baseline row judges (its `judged_as`): their verdict is there
+_ROWS_JUDGED = {("req_s", None), ("output_tok_s", None), ("goodput_req_s", None),
+                ("error_rate", None)} | {(m, q) for m, qs in BASELINE_PERCENTILES for q in qs}
+
+
+def _repeated(r: Row, values: list[float | None] | None) -> Row:
+    """The row with its repeats: their mean as the value, and the 95 % interval."""
+    if not values or len(values) < 2 or r.value is None:
+        return r
+    got = [v for v in values if v is not None]
+    if len(got) < 2:
+        return replace(r, repeats=len(values))
+    mean, low, high = interval(got)
+    return replace(r, value=mean, interval=(low, high), repeats=len(got))
+
+
+def interval(values: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the 95 % interval of the mean, Student's t (n − 1 degrees)."""
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = _T95[min(n - 1, len(_T95)) - 1] * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+# Student's t, two-sided 95 %, for 1 … 30 degrees of freedom (beyond: 30's, within 2 %)
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+        2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
 def _threshold_value(t: ThresholdResult) -> tuple[float | None, str]:
@@ -126,6 +226,13 @@ def _threshold_value(t: ThresholdResult) -> tuple[float | None, str]:
 
 
 def _ramp(results: Results) -> Iterator[Row]:
+    f, _ = _ran(results.ramp, "ramp")
+    repeats = (f and _given(f.repeats)) or {}
+    for r in _ramp_rows(results):
+        yield _repeated(r, repeats.get(r.id))
+
+
+def _ramp_rows(results: Results) -> Iterator[Row]:
     f, why = _ran(results.ramp, "ramp")
     unit = f.unit if f else "streams"
     knee, best = (f.knee, f.best_goodput) if f else (None, None)
@@ -135,10 +242,14 @@ def _ramp(results: Results) -> Iterator[Row]:
     # the knee's load is a fact about the server, not better or worse: compare shows it
     yield Row(dim, "knee (load)", knee and knee.load, unit, None, note=knee_why,
               id="ramp.knee")
+    knee_n = round(knee.req_s * knee.seconds) if knee else None
     yield Row(dim, "output tokens/s at the knee", knee and knee.output_tok_s, "tok/s",
-              "higher", note=knee_why, id="ramp.knee.output_tok_s", load=at_knee)
+              "higher", note=knee_why, id="ramp.knee.output_tok_s", load=at_knee,
+              samples=knee_n)
     yield Row(dim, "TTFT P99 at the knee", knee and knee.ttft_ms.get("p99"), "ms", "lower",
-              note=knee_why, id="ramp.knee.ttft.p99", load=at_knee)
+              note=knee_why, id="ramp.knee.ttft.p99", load=at_knee, samples=knee_n,
+              flags=tuple(f for f in [validity.too_few(knee_n, "p99")] if f),
+              judged_as=("ttft", "p99"))
     best_why = why or ("" if best else "no per-request SLO, or no step met it")
     yield Row(dim, "max goodput", best and best.goodput_req_s, "req/s", "higher",
               note=best_why, id="ramp.max_goodput", load=f"{best.load:g} {unit}" if best else "")
@@ -152,14 +263,30 @@ def _long_tail(results: Results) -> Iterator[Row]:
     load = f"{f.load}, {_span(f.seconds)}" if f and f.load else ""
     counts = f.long_tail.counts if f else {}  # by metric
     rule = f.long_tail.rule if f else ""
+    span = f and _given(f.span)
+    flags = span.flags() if span else ()
+    client = span.client_breakouts if span else {}
     for metric in ("ttft", "itl"):
-        yield Row(dim, f"intervals whose {metric.upper()} tail breaks out", counts.get(metric),
-                  "", "lower", note=why or rule, id=f"long_tail.{metric}.breakouts", load=load)
+        n, theirs = counts.get(metric), client.get(metric, 0)
+        note = why or rule
+        if n is not None and theirs:
+            n -= theirs  # the client's, not the server's: said, not counted
+            note += (f"; {theirs} more coincide with client lag (attributed to the client, "
+                     "not the server)")
+        yield Row(dim, f"intervals whose {metric.upper()} tail breaks out", n, "", "lower",
+                  note=note, id=f"long_tail.{metric}.breakouts", load=load,
+                  samples=span.ticks if span else None, flags=flags)
     avail = f and f.availability
     yield Row(dim, "availability", None if avail is None else avail * 100, "%", "higher",
-              note=why, id="long_tail.availability", load=load)
+              note=why, id="long_tail.availability", load=load, flags=flags,
+              judged_as=("availability", None))
+    summary = f.latency_ms.get("ttft") if f else None
+    count = summary.get("count") if summary else None
+    count = count if isinstance(count, int) else None
+    few = validity.too_few(count, "p99.9")
     yield Row(dim, "TTFT P99.9", _ms(f and f.latency_ms, "ttft", "p99.9"), "ms", "lower",
-              note=why, id="long_tail.ttft.p99.9", load=load)
+              note=why, id="long_tail.ttft.p99.9", load=load, samples=count,
+              flags=flags + ((few,) if few else ()), judged_as=("ttft", "p99.9"))
 
 
 def _faults(results: Results) -> Iterator[Row]:
@@ -172,9 +299,12 @@ def _faults(results: Results) -> Iterator[Row]:
                   id="faults.chaos.mttr")
         return
     seen: dict[str, int] = {}
+    span = _given(f.span)
+    flags = span.flags() if span else ()
     for fault in f.faults:
         seen[fault.fault] = seen.get(fault.fault, 0) + 1
-        yield from _fault_rows(dim, fault, f"faults.{fault.fault}#{seen[fault.fault]}")
+        for r in _fault_rows(dim, fault, f"faults.{fault.fault}#{seen[fault.fault]}"):
+            yield replace(r, flags=r.flags + flags)
     chaos = f.chaos
     killed = chaos is not None and chaos.killed
     mttr = f.mttr_s.any  # without the kill's outage when there was a kill (battery.faults)

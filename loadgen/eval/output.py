@@ -25,7 +25,7 @@ FAULT_COLOURS = {"latency": "#f2c14e", "reset": "#e76f51", "blackhole": "#6c757d
 
 def write_outputs(ev: Eval) -> tuple[str, list[Path]]:
     """(the matrix as text, the files written)."""
-    all_rows = rows(ev.results)
+    all_rows = rows(ev.results, str(ev.plan.slo) or None)
     written: list[Path] = []
     plots = _plots(ev, written)
     finished = len(ev.results.ran()) == len(PHASES)

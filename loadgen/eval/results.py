@@ -27,6 +27,7 @@ from loadgen.analysis.soak_result import (
 )
 from loadgen.analysis.sweep import StepResult
 from loadgen.eval.phases import PHASES, Phase
+from loadgen.eval.validity import Span
 
 EVAL_FORMAT = "tokentop-eval/1"
 Status = Literal["done", "skipped", "failed"]
@@ -77,6 +78,15 @@ class BaselineFigures(_Figures, kw_only=True):
     gpu_source: str
     energy_why: str | None
     dcgm: Dcgm | UnsetType = UNSET  # not in the evals before --dcgm-url
+    # not in the evals before round two:
+    requests: int | UnsetType = UNSET  # requests that ended in the measured window
+    input_tok_s: float | UnsetType | None = UNSET
+    goodput_slo: str | UnsetType | None = UNSET  # the per-request SLO goodput counts against
+    span: Span | UnsetType = UNSET  # what the recording shows about the window (validity)
+    # with --repeat N: every run's value by row id (the first run's figures are the ones
+    # above; the matrix's rows give the mean and its 95 % interval), and every run's dir
+    repeats: dict[str, list[float | None]] | UnsetType = UNSET
+    run_dirs: list[str] | UnsetType = UNSET
 
 
 class EfficiencyAt(_Figures, kw_only=True):
@@ -107,6 +117,8 @@ class RampFigures(_Figures, kw_only=True):
     best_goodput: StepResult | None
     max_output_tok_s: float | None
     plot: str  # its sweep.png
+    # with --repeat N: every run's figure at the knee, best goodput and top, by row id
+    repeats: dict[str, list[float | None]] | UnsetType = UNSET
 
 
 class LongTailFigures(_Figures, kw_only=True):
@@ -118,6 +130,7 @@ class LongTailFigures(_Figures, kw_only=True):
     outages: list[OutageRecord]
     latency_ms: dict[str, Summary]
     plots: list[str]  # its report's PNGs
+    span: Span | UnsetType = UNSET  # not in the evals before round two
 
 
 class LeakSlope(_Figures, kw_only=True):
@@ -186,6 +199,7 @@ class FaultsFigures(_Figures, kw_only=True):
     availability: float | None
     proxy: ProxyCounts
     plots: list[str]
+    span: Span | UnsetType = UNSET  # not in the evals before round two
 
 
 # ---- scaling ----------------------------------------------------------------------------------

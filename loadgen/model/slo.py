@@ -43,6 +43,14 @@ class Slo(msgspec.Struct, kw_only=True, frozen=True):
             return False
         return not (self.e2e_us is not None and e2e > self.e2e_us)
 
+    @property
+    def text(self) -> str:
+        """The limits in --slo's words ("ttft<2.00 s, tpot<100 ms"), for the rows that use
+        them."""
+        return ", ".join(f"{name}<{units.ms(us)}" for name, us in (
+            ("ttft", self.ttft_us), ("tpot", self.tpot_us), ("e2e", self.e2e_us))
+            if us is not None)
+
 
 def parse_us(text: str) -> float:
     """A time with its unit, in µs (units.parse_latency_us, as every flag taking a time
