@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections.abc import AsyncIterator
 
@@ -386,3 +387,63 @@ def test_server_quantiles_cover_the_last_ten_seconds_not_one_scrape() -> None:
     assert quiet.generation_tok_s == 0.0  # the rate is the last interval's
     later = tracker.feed(fixture("vllm_next"), URL, t=12.5)
     assert later.latency_ms == {}  # the window no longer holds those observations
+
+
+# ---- the KV pool's size (loadgen.eval.efficiency's KV per request)
+
+CAPTURED_VLLM = (METRICS_DIR / "vllm_cpu_c8.txt").read_text()  # real vLLM 0.32 (CPU), 8 streams
+
+
+def _label(text: str, key: str) -> str:
+    """A label of vLLM's cache_config_info, read from the raw line (not through the parser)."""
+    line = next(x for x in text.splitlines() if x.startswith("vllm:cache_config_info{"))
+    match = re.search(rf'[{{,]{key}="([^"]*)"', line)
+    assert match is not None, key
+    return match[1]
+
+
+def test_vllm_pool_from_a_real_cache_config_info() -> None:
+    m = parse_metrics(CAPTURED_VLLM, URL)
+    blocks, block = int(_label(CAPTURED_VLLM, "num_gpu_blocks")), int(_label(CAPTURED_VLLM,
+                                                                             "block_size"))
+    assert m.kv_pool_tokens == blocks * block == 8192 * 128
+    assert m.kv_pool_bytes == int(_label(CAPTURED_VLLM, "kv_cache_memory_bytes")) == 2 * 2**30
+    assert m.gpu_memory_utilization == 0.92
+    # under load: KV in use is usage × pool, 25 blocks of 128 tokens for 8 streams (vLLM V1
+    # counts usage over the blocks less its null block: 25 / 8191, so 1/8192 off)
+    assert m.kv_cache_usage is not None and m.running == 8.0
+    assert m.kv_cache_usage == pytest.approx(25 / (blocks - 1), rel=1e-12)
+    assert m.kv_cache_usage * m.kv_pool_tokens == pytest.approx(25 * block, rel=1e-3)
+
+
+def _cache_info(engine: int, blocks: int, memory: str) -> str:
+    return (f'vllm:cache_config_info{{block_size="16",engine="{engine}",'
+            f'gpu_memory_utilization="0.9",kv_cache_memory_bytes="{memory}",'
+            f'num_gpu_blocks="{blocks}"}} 1.0\n')
+
+
+def test_vllm_pool_adds_up_over_engines_and_none_is_no_bytes() -> None:
+    head = "# TYPE vllm:cache_config_info gauge\n"
+    both = parse_metrics(head + _cache_info(0, 100, "None") + _cache_info(1, 50, "None"), URL)
+    assert both.kv_pool_tokens == 150 * 16 and both.kv_pool_bytes is None
+    assert both.gpu_memory_utilization == 0.9
+    # bytes only when every engine states them: half a figure is no figure
+    half = parse_metrics(head + _cache_info(0, 100, "4096") + _cache_info(1, 50, "None"), URL)
+    assert half.kv_pool_bytes is None
+    whole = parse_metrics(head + _cache_info(0, 100, "4096") + _cache_info(1, 50, "2048"), URL)
+    assert whole.kv_pool_bytes == 6144
+    # junk in a label is no figure, never an error
+    junk = parse_metrics(head + _cache_info(0, 100, "lots").replace('"16"', '"x"'), URL)
+    assert junk.ok and junk.kv_pool_tokens is None and junk.kv_pool_bytes is None
+
+
+def test_pool_of_sglang_and_triton_and_none_where_the_engine_states_none() -> None:
+    sglang = parse_metrics('sglang:token_usage{model_name="m"} 0.5\n'
+                           'sglang:max_total_num_tokens{model_name="m"} 161721.0\n', URL)
+    assert sglang.kv_pool_tokens == 161721
+    triton = parse_metrics((METRICS_DIR / "triton.txt").read_text(), URL)
+    assert triton.kv_pool_tokens == 8000 * 64  # max blocks × tokens per block, in the fixture
+    # llama.cpp's real page (its KV gauges were removed upstream), and vLLM without the info
+    for name in ("llamacpp.txt", "vllm.txt", "tgi.txt", "trtllm.txt"):
+        m = parse_metrics((METRICS_DIR / name).read_text(), URL)
+        assert (m.kv_pool_tokens, m.kv_pool_bytes, m.gpu_memory_utilization) == (None,) * 3, name
