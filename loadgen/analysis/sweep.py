@@ -4,26 +4,26 @@ Each step holds a load (streams in closed loop, or a request rate in open
 loop) for a warm-up and a measured period, then records what the measured
 period showed. Two headline numbers come out:
 
-* the knee: the last step before throughput stops keeping up with the load.
-  Between two steps the scaling is ln(throughput ratio) / ln(load ratio): 1
-  when throughput grows as fast as the load, 0 when it is flat. The knee is
-  the last step before it falls below a fraction (default 0.5: 4× the load
-  buying under 2× the throughput). A ratio of ratios, so a coarse step (1, 4,
-  16) is judged like a fine one; a gain per added unit of load was not, as
-  over a 4× step a bending curve averages its steep and flat parts;
+* the knee: the last step before throughput stops keeping up with the load, by the one
+  rule of loadgen/model/knee.py (the auto-ramp's and the eval's ramp's too): between two
+  steps the scaling is ln(throughput ratio) / ln(load ratio), 1 linear, 0 flat; the knee
+  is the last step before it falls below `--knee-fraction` (0.2: 2× the load for under
+  +15 % tok/s). When the last step still scaled, the max output tok/s (and a max goodput
+  there) is a lower bound, and the headline and sweep.json say so: extend the steps;
 * the max goodput: the step with the most requests per second meeting every
   per-request SLO (`--slo ttft<500ms,tpot<50ms`), and the load that achieved it.
 
 A sweep stops early when a step shows the server clearly over-saturated
 (queue depth and TTFT both rising steadily through the step), or when its
-error rate passes `--max-error-rate`.
+error rate passes `--max-error-rate`. `--steps auto` doubles from 1 until a
+step is past the knee, the server is over-saturated, errors pass
+`--max-error-rate`, or AUTO_MAX_STEPS steps; it says which.
 """
 
 from __future__ import annotations
 
 import asyncio
 import csv
-import itertools
 import re
 import sys
 from collections.abc import Sequence
@@ -35,6 +35,15 @@ import numpy as np
 
 from loadgen import __version__
 from loadgen.model import hdr, units
+from loadgen.model.knee import (
+    KNEE_SCALING,
+    LOWER_BOUND,
+    find_knee,
+    knee_rule,
+    lower_bound,
+    past_knee,
+    still_rising,
+)
 from loadgen.model.notice import as_line
 from loadgen.model.snapshot import METRICS, Control, Snapshot
 from loadgen.run.config import ConfigError, RunConfig
@@ -161,36 +170,6 @@ def _rising(snaps: list[Snapshot]) -> bool:
     return bool(slope > 0.5 and p_late > 1.5 * p_early)
 
 
-def find_knee(steps: list[StepResult], fraction: float = 0.5) -> StepResult | None:
-    """The last step before the scaling from one step to the next falls below `fraction`
-    (see scaling); None while throughput still keeps up at the last step."""
-    measured = [s for s in steps if s.load > 0]
-    for lower, upper in itertools.pairwise(measured):
-        e = scaling(lower, upper)
-        if e is not None and e < fraction:
-            return lower
-    return None
-
-
-def scaling(lower: StepResult, upper: StepResult) -> float | None:
-    """ln(throughput ratio) / ln(load ratio) from `lower` to `upper`: 1 when throughput grows
-    as fast as the load, 0 when flat, below 0 when it falls. None when it cannot be read
-    (the same load twice, or nothing measured at the lower step)."""
-    if upper.load <= lower.load or lower.output_tok_s <= 0:
-        return None
-    if upper.output_tok_s <= 0:
-        return float("-inf")
-    return float(np.log(upper.output_tok_s / lower.output_tok_s)
-                 / np.log(upper.load / lower.load))
-
-
-def knee_rule(fraction: float) -> str:
-    """The knee rule in words, for the headline and sweep.json."""
-    return (f"the last step before throughput scaling, ln(tok/s ratio) / ln(load ratio) "
-            f"between steps, falls below {fraction:g} (1 = linear; at {fraction:g}, 4× the "
-            f"load buys under {4 ** fraction:.2g}× the throughput)")
-
-
 def best_goodput(steps: list[StepResult]) -> StepResult | None:
     scored = [s for s in steps if s.goodput_req_s is not None]
     if not scored:
@@ -213,7 +192,8 @@ class SweepPlan:
     steps: list[float] | None = field(default_factory=lambda: list(DEFAULT_STEPS))  # None: auto
     step_seconds: float = 20.0  # measured seconds per step
     step_warmup: float = 5.0  # unmeasured seconds per step
-    knee_fraction: float = 0.5  # knee: scaling between steps below this (see find_knee)
+    knee_fraction: float = KNEE_SCALING  # knee: scaling between steps below this
+    # (loadgen/model/knee.py)
     max_error_rate: float = 0.05  # stop after a step with more errors than this
     out: Path | None = None  # write sweep.json, sweep.csv, sweep.png here
 
@@ -269,7 +249,7 @@ async def sweep_main(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None, *
     knee = find_knee(results, plan.knee_fraction)
     best = best_goodput(results)
     unit = "streams" if cfg.mode == "closed" else "req/s"
-    for line in headline(knee, best, unit, cfg.slo, plan.knee_fraction):
+    for line in headline(results, unit, cfg.slo, plan.knee_fraction):
         print(line)
     print(terminal_curve(results, knee, unit, color=sys.stdout.isatty()))
     if plan.out is not None:
@@ -294,6 +274,7 @@ async def _run(session: Session, snaps, cfg: RunConfig, plan: SweepPlan,
         await session.control(Control(op=op, value=load, source="cli"))
         result = await _hold(snaps, load, plan, session.slos.per_request is not None,
                              progress, unit)
+        _note_past_knee(results, result, plan.knee_fraction, unit)
         results.append(result)
         echo(row(result))
         i += 1
@@ -301,10 +282,35 @@ async def _run(session: Session, snaps, cfg: RunConfig, plan: SweepPlan,
             echo(f"stopping early: {result.note}")
             break
         if steps is None:
-            if i >= AUTO_MAX_STEPS or find_knee(results, plan.knee_fraction) is not None:
+            stop = _auto_stop(results, plan.knee_fraction, unit)
+            if stop:
+                echo(f"stopping: {stop}")
                 break
             load *= 2
     return results
+
+
+def _note_past_knee(below: list[StepResult], step: StepResult, threshold: float,
+                    unit: str) -> None:
+    """A step past the knee says so in its note (the table's reader, sweep.json), unless
+    its note already says something graver (too short, over-saturated, errors)."""
+    if not below or step.note:
+        return
+    why = past_knee(below[-1].load, below[-1].output_tok_s, step.load, step.output_tok_s,
+                    threshold, unit)
+    if why:
+        step.note = f"past the knee: {why}"
+
+
+def _auto_stop(results: list[StepResult], threshold: float, unit: str) -> str | None:
+    """Why `--steps auto` stops after these steps, in words; None to double again."""
+    knee = find_knee(results, threshold)
+    if knee is not None:
+        return f"the knee is at {knee.load:g} {unit}; {results[-1].note}"
+    if len(results) >= AUTO_MAX_STEPS:
+        return (f"{AUTO_MAX_STEPS} steps, the most --steps auto takes, and no knee yet: "
+                f"{LOWER_BOUND} (--steps {results[-1].load * 2:g},…)")
+    return None
 
 
 PROGRESS_EVERY_S = 5.0  # a step is 25 s by default: silence that long reads as a hang
@@ -368,27 +374,44 @@ def row(r: StepResult) -> str:
             f"{_f(r.queue_depth):>6} {_f(r.tokens_per_joule, 2):>6}{flag}")
 
 
-def headline(knee: StepResult | None, best: StepResult | None, unit: str,
-             slo: str | None, fraction: float = 0.5) -> list[str]:
+def headline(results: list[StepResult], unit: str, slo: str | None,
+             threshold: float = KNEE_SCALING) -> list[str]:
+    """The sweep's verdict: the knee and its rule, the max output tok/s, the max goodput;
+    a best figure at a last step that still scaled is said to be a lower bound."""
+    knee, best, top = find_knee(results, threshold), best_goodput(results), max_tok_s(results)
     lines = []
     if knee is None:
         lines.append("knee: not reached (throughput still scaling at the last step)")
     else:
         tok_s = units.rate(knee.output_tok_s, "output tok/s")
         lines.append(f"knee: {knee.load:g} {unit} ({tok_s})")
-    lines.append(f"knee rule: {knee_rule(fraction)}")
+    lines.append(f"knee rule: {knee_rule(threshold)}")
+    if top is not None:
+        lines.append(f"max output tok/s {units.rate(top.output_tok_s)} at {top.load:g} {unit}"
+                     + _bound(top, results, threshold))
     if slo:
         if best is None:
             lines.append(f"max goodput under {slo}: no step met the SLO")
         else:
             lines.append(f"max goodput under {slo}: {units.rate(best.goodput_req_s, 'req/s')} "
-                         f"at {best.load:g} {unit}")
+                         f"at {best.load:g} {unit}" + _bound(best, results, threshold))
     return lines
+
+
+def max_tok_s(steps: list[StepResult]) -> StepResult | None:
+    """The step with the most output tokens per second (None when none produced any)."""
+    top = max(steps, key=lambda s: s.output_tok_s, default=None)
+    return top if top is not None and top.output_tok_s > 0 else None
+
+
+def _bound(step: StepResult, steps: list[StepResult], threshold: float) -> str:
+    return f" — {LOWER_BOUND}" if lower_bound(step.load, steps, threshold) else ""
 
 
 def write_outputs(out: Path, cfg: RunConfig, results: list[StepResult],
                   knee: StepResult | None, best: StepResult | None,
-                  fraction: float = 0.5) -> None:
+                  fraction: float = KNEE_SCALING) -> None:
+    top = max_tok_s(results)
     out.mkdir(parents=True, exist_ok=True)
     doc = {
         "format": SWEEP_FORMAT,
@@ -398,7 +421,15 @@ def write_outputs(out: Path, cfg: RunConfig, results: list[StepResult],
         "steps": [asdict(r) for r in results],
         "knee": knee.load if knee else None,
         "knee_rule": knee_rule(fraction),
-        "max_goodput": {"load": best.load, "req_s": best.goodput_req_s} if best else None,
+        "knee_scaling": fraction,
+        # the last step still scaled: a best figure found there is a lower bound
+        "still_rising": still_rising(results, fraction),
+        "max_goodput": {"load": best.load, "req_s": best.goodput_req_s,
+                        "lower_bound": lower_bound(best.load, results, fraction)}
+        if best else None,
+        "max_output_tok_s": {"load": top.load, "tok_s": top.output_tok_s,
+                             "lower_bound": lower_bound(top.load, results, fraction)}
+        if top else None,
     }
     (out / "sweep.json").write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2))
     with open(out / "sweep.csv", "w", newline="") as f:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from loadgen.model.knee import KNEE_SCALING
 from tui.commands.args import (
     DefaultsFormatter,
     Parser,
@@ -83,9 +84,10 @@ def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--step-seconds", type=seconds, default=20.0, help="measured seconds per step")
     g.add_argument("--step-warmup", type=seconds_or_zero, default=5.0,
                    help="unmeasured seconds per step")
-    g.add_argument("--knee-fraction", type=fraction, default=0.5,
+    g.add_argument("--knee-fraction", type=fraction, default=KNEE_SCALING,
                    help="knee: the last step before the scaling between steps, "
-                   "ln(tok/s ratio) / ln(load ratio), falls below this (1 = linear)")
+                   "ln(tok/s ratio) / ln(load ratio), falls below this (1 = linear; 0.2: "
+                   "2x the load for under +15%% tok/s is past the knee)")
     g.add_argument("--max-error-rate", type=fraction, default=0.05,
                    help="stop the sweep after a step with more errors than this (0.05 or 5%%)")
     g.add_argument("--sweep-out", type=Path, help="write sweep.json, sweep.csv, sweep.png here")
