@@ -11,6 +11,7 @@ from typing import Protocol
 from loadgen.analysis.report import DuringSpan
 from loadgen.eval.proxy import FaultEvent, FaultSpan, Spans, fault_words
 from loadgen.eval.results import UnderFault
+from loadgen.model import units
 from loadgen.model.kinds import EventKind, Level
 from loadgen.record.rundir import iter_snapshots
 
@@ -95,7 +96,8 @@ class FaultNotes:
         if ended is not None and ended.end is not None:
             length = round(ended.end - ended.start, 3)
             self._note(f"fault off: {fault_words(ended.fault, ended.params)}, after "
-                       f"{length:g} s", "info", ended.end, since=ended.start, seconds=length)
+                       f"{units.duration(length)}", "info", ended.end, since=ended.start,
+                       seconds=length)
         if ev.action == "apply":
             self._note(f"fault on: {fault_words(ev.fault, ev.params)}", "warn", ev.t)
 
