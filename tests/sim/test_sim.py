@@ -435,6 +435,58 @@ async def test_sim_gpu_rises_under_load(http: aiohttp.ClientSession) -> None:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _cache_config(http: aiohttp.ClientSession, sim: RunningSim) -> tuple[dict, float]:
+    """vLLM's cache_config_info labels and kv_cache_usage_perc, from the raw page."""
+    async with http.get(root(sim) + "/metrics") as resp:
+        text = await resp.text()
+    samples = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
+    return samples["vllm:cache_config_info"].labels, samples["vllm:kv_cache_usage_perc"].value
+
+
+async def test_sim_preallocates_and_a_kv_leak_moves_only_the_engines_figure(
+        http: aiohttp.ClientSession) -> None:
+    """GPU memory is gpu_memory_utilization × total from the start, flat under load and
+    through a leak; the pool vLLM's cache_config_info states is the engine's KV budget, and
+    its usage × that pool is what the engine holds: here, after every request has ended,
+    exactly what leaked, a quarter of each request's prompt + output (its own usage)."""
+    async with running_sim(kv_tokens=4096, kv_leak_fraction=0.25) as sim:
+        async with http.get(root(sim) + "/sim/gpu") as resp:
+            idle = await resp.json()
+        assert idle["memory_used_bytes"] == int(0.9 * 80 * 2**30)
+        labels, usage = await _cache_config(http, sim)
+        assert int(labels["num_gpu_blocks"]) * int(labels["block_size"]) == 4096
+        assert labels["gpu_memory_utilization"] == "0.9" and usage == 0.0
+        assert labels["kv_cache_memory_bytes"] == "None"  # vLLM's default: no bytes stated
+
+        async def one(words: int) -> dict[str, int]:
+            body = {"model": "tokentop-sim", "prompt": "hi " * words, "max_tokens": 30,
+                    "ignore_eos": True}
+            async with http.post(sim.url + "/completions", json=body) as resp:
+                assert resp.status == 200
+                return (await resp.json())["usage"]
+
+        used = await asyncio.gather(*(one(n) for n in (5, 40, 77, 120)))
+        leaked = sum(int((u["prompt_tokens"] + u["completion_tokens"]) * 0.25) for u in used)
+        assert leaked > 0 and sim.model.num_running == 0
+        labels, usage = await _cache_config(http, sim)
+        assert usage * 4096 == pytest.approx(leaked, abs=1e-9)
+        async with http.get(root(sim) + "/sim/gpu") as resp:
+            assert (await resp.json())["memory_used_bytes"] == idle["memory_used_bytes"]
+        # a restart is a new process: what leaked is free again
+        sim.model.restart()
+        assert (await _cache_config(http, sim))[1] == 0.0
+
+
+def test_sim_config_refuses_a_preallocation_the_weights_do_not_fit() -> None:
+    with pytest.raises(ValueError, match="weights do not fit"):
+        SimConfig(gpu_memory_utilization=0.1)  # 16 GiB of weights > 8 GiB
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="gpu_memory_utilization"):
+            SimConfig(gpu_memory_utilization=bad)
+    with pytest.raises(ValueError, match="kv_leak_fraction"):
+        SimConfig(kv_leak_fraction=-0.1)
+
+
 # ---- the command line
 
 
