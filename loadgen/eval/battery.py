@@ -73,7 +73,7 @@ from loadgen.eval.results import (
     skipped,
     state_to_builtins,
 )
-from loadgen.eval.under_fault import under_fault
+from loadgen.eval.under_fault import FaultNotes, under_fault
 from loadgen.eval.validity import span_of
 from loadgen.model.notice import Notice
 from loadgen.record.rundir import write_json_atomic
@@ -272,8 +272,10 @@ def _phase_cfg(ev: Eval, name: str, **load: Any) -> RunConfig:
         ramp=None, auto_ramp=False, max_requests=None, stagger=ev.plan.stagger.seconds, **load)
 
 
-async def _session(ev: Eval, name: str, cfg: RunConfig) -> Path:
-    """Run `cfg` through one Session to its end; its run directory."""
+async def _session(ev: Eval, name: str, cfg: RunConfig,
+                   on_session: Callable[[Session], None] | None = None) -> Path:
+    """Run `cfg` through one Session to its end; its run directory. `on_session` gets the
+    Session before it starts (the faults phase notes its faults in it)."""
 
     def say(notice: Notice) -> None:
         ev.say(f"  {name}: {notice.text}")
@@ -283,6 +285,8 @@ async def _session(ev: Eval, name: str, cfg: RunConfig) -> Path:
     session = Session(cfg, ev.secrets,
                       sinks=[ProgressLines(say, every=PROGRESS_EVERY_S), *ev.sinks_for(name)],
                       say=say)
+    if on_session is not None:
+        on_session(session)
     code = await session.run()
     if code == EXIT_UNUSABLE:  # said already, in the session's words
         raise EvalError(f"{name}: the run could not start (said above)")
@@ -502,7 +506,8 @@ async def faults(ev: Eval) -> PhaseResult:
     schedule = FaultSchedule.parse([{k: _plain(v) for k, v in e.items()} for e in entries])
     kill_at = schedule.span_s + CHAOS_AFTER_S if ev.chaos_restart_cmd else None
     seconds = schedule.span_s + FAULT_SETTLE_S + (CHAOS_WINDOW_S if kill_at else 0.0)
-    proxy = FaultProxy(host, port)
+    notes = FaultNotes()  # each fault's start and end, an event of the run
+    proxy = FaultProxy(host, port, on_change=notes.take)
     await proxy.start()
     # the restart's probes go to the target itself, with the run's API and credentials
     chaos = Chaos(ev.chaos_restart_cmd, port, url=ev.url, api=ev.cfg.api, model=ev.cfg.model,
@@ -519,7 +524,7 @@ async def faults(ev: Eval) -> PhaseResult:
         if chaos is not None and kill_at is not None:
             tasks.append(asyncio.create_task(chaos.run(kill_at)))
         try:
-            run_dir = await _session(ev, "faults", cfg)
+            run_dir = await _session(ev, "faults", cfg, on_session=notes.attach)
         finally:
             for task in tasks:
                 task.cancel()

@@ -122,6 +122,17 @@ def _given(value: T | UnsetType) -> T | None:
     return None if value is UNSET else value
 
 
+def _missing(value: object, why: str) -> str:
+    """A row's note for a figure that is missing: not recorded (UNSET: an eval.json from
+    before the figure), or `why` (None: the eval measured nothing)."""
+    if value is UNSET:
+        return NOT_RECORDED
+    return why if value is None else ""
+
+
+NOT_RECORDED = "not recorded (an eval before round two)"
+
+
 def _ms(latency: dict[str, Summary | None] | None, metric: str, q: str) -> float | None:
     # a summary is a mapping (its keys are hdr.PERCENTILES' labels), not a Struct
     summary = latency.get(metric) if latency is not None else None
@@ -149,8 +160,7 @@ def _baseline(results: Results) -> Iterator[Row]:
     yield row("output tokens/s", f and f.output_tok_s, "tok/s", "higher",
               "baseline.output_tok_s", judged_as=("output_tok_s", None))
     yield row("input tokens/s", f and _given(f.input_tok_s), "tok/s", "higher",
-              "baseline.input_tok_s", note="" if f and _given(f.input_tok_s) is not None
-              else "not recorded (an eval before round two)")
+              "baseline.input_tok_s", note=_missing(f.input_tok_s, "") if f else "")
     goodput, slo = f and f.goodput_req_s, f and _given(f.goodput_slo)
     yield row("goodput", goodput, "req/s", "higher", "baseline.goodput",
               note=f"requests within {slo}" if slo
@@ -163,16 +173,19 @@ def _baseline(results: Results) -> Iterator[Row]:
     for metric, qs in BASELINE_PERCENTILES:
         summary = latency.get(metric) if latency else None
         count = summary.get("count") if summary else None
+        # an eval.json from before TPOT was kept has no summary of it at all
+        unrecorded = NOT_RECORDED if latency is not None and metric not in latency else ""
         for q in qs:
             few = validity.too_few(count if isinstance(count, int) else None, q)
             yield row(f"{metric.upper()} {q.upper()}", _ms(latency, metric, q), "ms", "lower",
                       f"baseline.{metric}.{q}", samples=count if isinstance(count, int) else None,
-                      extra=(few,) if few else (), judged_as=(metric, q))
+                      extra=(few,) if few else (), judged_as=(metric, q), note=unrecorded)
     tpot = _ms(latency, "tpot", "p50")
+    no_tpot = NOT_RECORDED if latency is not None and "tpot" not in latency \
+        else "no TPOT (no request with two tokens or more)"
     yield row("per-user output tokens/s", None if not tpot else 1000.0 / tpot, "tok/s",
               "higher", "baseline.per_user_tok_s",
-              note="1000 ÷ TPOT P50: the decode speed one user sees" if tpot
-              else "no TPOT (no request with two tokens or more)")
+              note="1000 ÷ TPOT P50: the decode speed one user sees" if tpot else no_tpot)
     for t in f.thresholds if f else []:
         if (t.metric, t.stat) in _ROWS_JUDGED:
             continue  # its verdict is on the row it judges
@@ -332,6 +345,16 @@ def _fault_rows(dim: str, fault: UnderFault, id_: str) -> Iterator[Row]:
     yield Row(dim, f"success rate under {name}", None if rate is None else rate * 100, "%",
               "higher", note=errors or ("no request ended in it" if rate is None else ""),
               id=f"{id_}.success_rate", samples=fault.requests_ok + fault.requests_failed)
+    during = f"while {name} was on"
+    yield Row(dim, f"output tokens/s under {name}", _given(fault.output_tok_s), "tok/s",
+              "higher", id=f"{id_}.output_tok_s",
+              note=_missing(fault.output_tok_s, f"no tick wholly {during}"))
+    for metric, q in (("itl", "p50"), ("itl", "p99"), ("e2e", "p50"), ("e2e", "p90"),
+                      ("e2e", "p99")):
+        value = getattr(fault, f"{metric}_{q}_ms")
+        yield Row(dim, f"{metric.upper()} {q.upper()} under {name}", _given(value), "ms",
+                  "lower", id=f"{id_}.{metric}.{q}",
+                  note=_missing(value, f"no request measured {during}"))
     if fault.fault == "blackhole":
         truth = (fault.end - fault.start) if fault.end else None
         yield Row(dim, f"silence seen in {name}", fault.silence_s, "s", None,
