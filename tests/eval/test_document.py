@@ -362,5 +362,40 @@ def test_the_document_reads_as_its_golden(name):
     rows = matrix.rows(st.phases)
     assert document.table(rows) + "\n" == (FIXTURES / f"{name}.matrix.txt").read_text()
     md = document.markdown(st, rows, [], Path("/eval-fixture/out"))
-    assert md == (FIXTURES / f"{name}.md").read_text()
+    assert md == (FIXTURES / f"{name}.md").read_text()  # regenerate_goldens() writes both
 
+
+
+def test_eval_mds_header_says_what_was_measured_in_one_cell_each():
+    st = state("eval-filled")
+    st.header = Header(label="nightly", engine="vllm", engine_version="0.32.0",
+                       model="org/model|v2", gpus=[GpuInfo(name="H100", memory_mb=81559,
+                                                           driver="550.54")] * 2,
+                       host_cpu="AMD EPYC 9654", host_cores=192, host_memory_gb=1511.6,
+                       date="2026-12-01T00:00:00Z", tokentop_version="0.1.0",
+                       plan_digest="0123456789ab", meta={"rack": "b7", "note": "a|b"},
+                       why={})
+    md = document.markdown(st, matrix.rows(st.phases), [], Path("/eval-fixture/out"))
+    head = md.split("## Matrix")[0]
+    assert head.startswith("# tokentop eval: nightly\n")
+    for text in ("vllm 0.32.0", "2 × H100, 79.6 GiB, driver 550.54", "AMD EPYC 9654, 192 cores",
+                 "0123456789ab", "rack=b7", "2026-12-01T00:00:00Z", "closed loop at 4 streams"):
+        assert text in head, text
+    # a server's "|" does not split a cell: every line of the table has its two cells
+    table = [line for line in head.splitlines() if line.startswith("|")]
+    assert all(len(re.findall(r"(?<!\\)\|", line)) == 3 for line in table), table
+
+
+def regenerate_goldens() -> None:
+    """Write fixtures/NAME.matrix.txt and NAME.md anew (after a change to the rows, on
+    purpose): `python tests/eval/test_document.py`, then read `git diff` before committing."""
+    for name in EVALS:
+        st = state(name)
+        rows = matrix.rows(st.phases)
+        (FIXTURES / f"{name}.matrix.txt").write_text(document.table(rows) + "\n")
+        (FIXTURES / f"{name}.md").write_text(
+            document.markdown(st, rows, [], Path("/eval-fixture/out")))
+
+
+if __name__ == "__main__":
+    regenerate_goldens()
