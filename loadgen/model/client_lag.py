@@ -46,3 +46,43 @@ def rule() -> str:
     return (f"event-loop lag above {LAG_SHARE:.0%} of the tick's median ITL (at least "
             f"{LAG_FLOOR_MS:g} ms; {LAG_FALLBACK_MS:g} ms before any ITL) while requests are "
             "in flight")
+
+
+SUSTAINED_TICKS = 3  # a lag must hold this many ticks in a row before it is said (no spike)
+CPU_BUSY_PCT = 90.0  # a worker process this busy cannot keep its loop on time
+
+
+class ClientWatch:
+    """The live warning: said once when the lag matters (or a worker's CPU is pegged) for
+    SUSTAINED_TICKS in a row, and once more, as an error, if it comes to dominate. Not
+    again after that: the eval's rows and the report count every tick it held."""
+
+    def __init__(self) -> None:
+        self._run: dict[Lag, int] = {Lag.MATTERS: 0, Lag.DOMINATES: 0}
+        self.said: Lag | None = None
+
+    def see(self, verdict: Lag, lag_ms: float | None, busy: int, workers: int) -> \
+            tuple[str, str] | None:
+        """This tick's verdict (and the workers over CPU_BUSY_PCT); (level, words) to say, or
+        None."""
+        matters = verdict is not Lag.FINE or busy > 0
+        self._run[Lag.MATTERS] = self._run[Lag.MATTERS] + 1 if matters else 0
+        dominates = verdict is Lag.DOMINATES
+        self._run[Lag.DOMINATES] = self._run[Lag.DOMINATES] + 1 if dominates else 0
+        if self._run[Lag.DOMINATES] >= SUSTAINED_TICKS and self.said is not Lag.DOMINATES:
+            self.said = Lag.DOMINATES
+            return "error", (f"the load generator is saturated ({_why(lag_ms, busy, workers)}):"
+                             " its own delay is as large as the inter-token latency, so the "
+                             "latencies measure the client; add --workers or lower the load")
+        if self._run[Lag.MATTERS] >= SUSTAINED_TICKS and self.said is None:
+            self.said = Lag.MATTERS
+            return "warn", (f"the load generator is falling behind ({_why(lag_ms, busy, workers)})"
+                            ": latencies include client delay; add --workers or lower the load")
+        return None
+
+
+def _why(lag_ms: float | None, busy: int, workers: int) -> str:
+    parts = [f"event-loop lag {lag_ms:.1f} ms"] if lag_ms else []
+    if busy:
+        parts.append(f"worker CPU > {CPU_BUSY_PCT:g} % ({busy} of {workers})")
+    return ", ".join(parts) or "event-loop lag"

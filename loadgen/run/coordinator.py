@@ -26,7 +26,7 @@ import aiohttp
 import msgspec
 import numpy as np
 
-from loadgen.model import hdr
+from loadgen.model import client_lag, hdr
 from loadgen.model.kinds import EventKind, Level
 from loadgen.model.outage import OutageTracker, Stalled, Tick
 from loadgen.model.snapshot import (
@@ -63,7 +63,6 @@ log = logging.getLogger("tokentop.coordinator")
 PROBE_PERIOD_S = 1.0
 ERROR_EVENT_EVERY_S = 5.0  # one event per error kind at most this often, with the count
 TRACE_TICK_AFTER_S = 0.02  # a tick this soon after a trace's last entry: its window's end
-LAG_WARN_MS = 5.0  # event-loop lag that starts to show in latencies
 
 
 class Merged(NamedTuple):
@@ -109,7 +108,7 @@ class Coordinator:
         self._last_error_event: dict[str, float] = {}
         self._pending_errors: dict[str, tuple[int, str]] = {}
         self._reported_failures: set[str] = set()
-        self._lag_warned = 0.0
+        self._client = client_lag.ClientWatch()
         # per worker: its last report's stalled streams, and of those the first-token waits
         self._stalled: dict[int, Stalled] = {}
         self._outages = OutageTracker()  # health, outages and stalls (loadgen.model.outage)
@@ -391,7 +390,6 @@ class Coordinator:
         self._track_outage(t, interval, tick)
         # the last tick says every error still held back, so the events add up to the totals
         self._flush_error_events(t, everything=self.state == "stopped")
-        self._check_client(lag if reports else None, t)
         for failure in self.pool.failures():
             if failure not in self._reported_failures:
                 self._reported_failures.add(failure)
@@ -399,6 +397,7 @@ class Coordinator:
         dense = {m: hdr.dense_from_sparse(p, out=self._tick_dense.get(m))
                  for m, p in sparse.items() if p}
         self._tick_dense.update(dense)
+        self._check_client(lag if reports else None, dense.get("itl"))
         return Merged(dense, lag if reports else None)
 
     def _snapshot(self, seq: int, t: float, elapsed: float, interval: float,
@@ -486,18 +485,17 @@ class Coordinator:
         for change in self._outages.observe(observed):
             self._event(change.kind, change.message, level=change.level, **change.payload())
 
-    def _check_client(self, lag_ms: float | None, t: float) -> None:
-        """Warn (at most once a minute) when the client itself threatens the numbers."""
-        if lag_ms is None or t - self._lag_warned < 60.0:
-            return
-        busy = [i for i, pct in self._worker_cpu.items() if pct > 90.0]
-        if lag_ms > LAG_WARN_MS or busy:
-            self._lag_warned = t
-            why = f"event-loop lag {lag_ms:.1f} ms" if lag_ms > LAG_WARN_MS else ""
-            if busy:
-                why += (", " if why else "") + f"worker CPU > 90 % ({len(busy)} of {self.pool.n})"
-            self._event("client", f"the load generator is saturated ({why}): latencies may "
-                        "include client delay; add --workers or lower the load", level="warn")
+    def _check_client(self, lag_ms: float | None, itl: np.ndarray | None) -> None:
+        """Say when the client itself threatens the numbers (loadgen.model.client_lag: lag
+        against this tick's median inter-token latency, while requests are in flight)."""
+        summary = hdr.summarize(itl, (50.0,)) if itl is not None else None
+        p50 = summary["p50"] if summary is not None else None
+        verdict = client_lag.judge(lag_ms, sum(self._in_flight.values()),
+                                   None if p50 is None else p50 / 1000.0)
+        busy = sum(1 for pct in self._worker_cpu.values() if pct > client_lag.CPU_BUSY_PCT)
+        said = self._client.see(verdict, lag_ms, busy, self.pool.n)
+        if said is not None:
+            self._event("client", said[1], level=said[0])
 
     # ---- events --------------------------------------------------------------------------
 

@@ -97,3 +97,20 @@ async def test_the_spans_prompt_tokens_are_the_servers(tmp_path):
             "vllm:prompt_tokens_total"]
     span = span_of(out, None, None)
     assert span.input_tokens == pytest.approx(prompt, rel=0.02)
+
+
+def test_the_live_warning_is_said_once_when_it_holds_and_once_more_when_it_dominates():
+    watch = client_lag.ClientWatch()
+    said = []
+    # a spike, then 6 ms of lag on an idle busy host, then a lag that matters, held
+    ticks = ([(Lag.MATTERS, 12.0)] * 2 + [(Lag.FINE, 6.0)] * 30 + [(Lag.MATTERS, 12.0)] * 10
+             + [(Lag.DOMINATES, 470.0)] * 10 + [(Lag.MATTERS, 12.0)] * 10)
+    for verdict, lag in ticks:
+        got = watch.see(verdict, lag, busy=0, workers=1)
+        if got:
+            said.append(got)
+    assert [level for level, _ in said] == ["warn", "error"]
+    assert "12.0 ms" in said[0][1] and "470.0 ms" in said[1][1]
+    # a pegged worker is a warning by itself, after as many ticks
+    watch = client_lag.ClientWatch()
+    assert [watch.see(Lag.FINE, 1.0, busy=1, workers=2) for _ in range(3)][-1][0] == "warn"
