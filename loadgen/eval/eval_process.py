@@ -50,7 +50,9 @@ from loadgen.worker import eventloop
 log = logging.getLogger("tokentop.eval_process")
 
 START_SILENCE_S = 60.0  # the child builds the Eval (reads the plan, eval.json) well within this
-STOP_WAIT_S = 60.0  # a stopped phase's run drains its in-flight requests within this
+# a stop cancels the phase under way (its requests are cut, not drained): seconds; within
+# the console's own wait for a close (tui.app CLOSE_TIMEOUT_S, 30 s), then the child is killed
+STOP_WAIT_S = 20.0
 MAX_SAID = 1000  # the eval's own lines kept for status(): a handful a phase
 LINES_LOG = "eval-lines.log"  # in OUT: every line the eval said, as a headless eval prints
 
