@@ -39,10 +39,16 @@ from loadgen.analysis.sweep import write_outputs as write_sweep
 from loadgen.eval import matrix
 from loadgen.eval.chaos import Chaos, listener_pid, mttr_apart_from_kill
 from loadgen.eval.dcgm_watch import DcgmWatch
-from loadgen.eval.efficiency import gpu_use
+from loadgen.eval.efficiency import (
+    EngineSlope,
+    engine_memory_slope,
+    gpu_use,
+    kv_per_request,
+)
 from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.plan import (
     FAULT_SETTLE_S,
+    Leaks,
     Phases,
     Plan,
     plan_from_builtins,
@@ -55,6 +61,7 @@ from loadgen.eval.results import (
     BaselineFigures,
     EfficiencyAt,
     EfficiencyFigures,
+    EngineLeak,
     EvalState,
     FaultsFigures,
     LeaksFigures,
@@ -360,6 +367,7 @@ async def _baseline_run(ev: Eval, name: str) -> tuple[BaselineFigures, str]:
         requests=measured.ok + measured.failed if measured is not None else msgspec.UNSET,
         input_tok_s=span.input_tok_s, span=span,
         goodput_slo=per_request.text if per_request is not None else None,
+        kv_per_request=kv_per_request(run_dir, r),
     ), str(run_dir)
 
 
@@ -392,7 +400,7 @@ async def ramp(ev: Eval) -> PhaseResult:
     figures = RampFigures(
         unit="streams" if cfg.mode == "closed" else "req/s", steps=steps, knee=knee,
         best_goodput=best, max_output_tok_s=top.output_tok_s if top else None,
-        plot=str(ev.out / "ramp" / "sweep.png"))
+        plot=str(ev.out / "ramp" / "sweep.png"), knee_scaling=p.knee_fraction)
     if len(runs) > 1:
         figures.repeats = _ramp_repeats(runs, knee, best, top)
     return done(figures, cfg.out)
@@ -488,6 +496,7 @@ async def long_tail(ev: Eval) -> PhaseResult:
         load=_load_text(mode, int(load), float(load)), seconds=r.measured_s,
         long_tail=r.long_tail, drift=r.drift, availability=r.availability, outages=r.outages,
         latency_ms=r.latency_ms, plots=r.plots or [], span=span,
+        engine_kv=engine_memory_slope(run_dir, r, min_span_s=float(ev.phases.leaks.min_soak)),
     ), str(run_dir))
 
 
@@ -571,11 +580,23 @@ async def leaks(ev: Eval) -> PhaseResult:
         return skipped("the long tail did not run: its soak is what the slopes come from")
     drift, seconds = tail.figures.drift, tail.figures.seconds
     judged = seconds >= float(p.min_soak)
-    return done(LeaksFigures(
+    engine = tail.figures.engine_kv
+    figures = LeaksFigures(
         soak_s=seconds, judged=judged, min_soak_s=float(p.min_soak),
         server_rss=_slope(drift.server_rss, p.max_rss_mb_per_h, judged),
-        gpu_memory=_slope(drift.gpu_memory, p.max_gpu_mb_per_h, judged),
-    ))
+        # shown, never judged: a preallocating engine's GPU memory is flat whatever leaks
+        gpu_memory=_slope(drift.gpu_memory, p.max_gpu_mb_per_h, judged=False))
+    if engine is not msgspec.UNSET:
+        figures.gpu_memory.why = engine.gpu_memory_why
+        figures.engine_kv = _engine_leak(engine, p, judged)
+    return done(figures)
+
+
+def _engine_leak(s: EngineSlope, p: Leaks, judged: bool) -> EngineLeak:
+    """The engine's KV slope judged by the plan's limit in its unit (MB/h or tokens/h)."""
+    limit = p.max_gpu_mb_per_h if s.unit == "MB/h" else p.max_kv_tokens_per_h
+    return EngineLeak(slope=s, limit=float(limit),
+                      passed=(s.slope <= limit) if judged and s.slope is not None else None)
 
 
 def _slope(s: Slope, limit: float, judged: bool) -> LeakSlope:

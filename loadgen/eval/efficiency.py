@@ -17,7 +17,7 @@ outside, so otherwise the figure stays in tokens and says why.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -25,12 +25,22 @@ import msgspec
 import numpy as np
 
 from loadgen.analysis.report import Report
-from loadgen.eval.results import GpuUse
 from loadgen.model import units
 from loadgen.model.energy import EnergyReadings, Reading, per_joule
 from loadgen.model.snapshot import ServerMetrics, Snapshot
 from loadgen.model.trend import MIN_SLOPE_SPAN_S
 from loadgen.record.rundir import iter_snapshots
+
+
+class GpuUse(msgspec.Struct, kw_only=True):
+    """Energy and GPU use over a measured run (gpu_use)."""
+
+    tokens_per_joule: float | None
+    req_s_per_w: float | None
+    gpu_util_pct: float | None
+    gpu_memory_mb_per_in_flight: float | None
+    gpu_source: str  # nvml | simulated | none …
+    energy_why: str | None  # why there is no energy figure
 
 
 def gpu_use(run_dir: Path, r: Report) -> GpuUse:
@@ -159,30 +169,41 @@ WHY_TOKENS = ("the engine states no bytes for its KV pool (vLLM's kv_cache_memor
               "preallocated less the weights cannot be known from outside)")
 
 
-def _window(run_dir: Path, r: Report) -> tuple[list[_KvTick], list[Snapshot]]:
-    """The measured window's ticks with a KV figure, and every tick of the window."""
-    kv: list[_KvTick] = []
-    snaps: list[Snapshot] = []
+@dataclass
+class _Window:
+    """What the measured window's ticks say about the KV cache, kept small: a day's soak is
+    86 400 ticks, and only these few facts of each are needed (never the Snapshots)."""
+
+    kv: list[_KvTick] = field(default_factory=list)  # the ticks with a KV figure
+    last: ServerMetrics | None = None  # the last page of the server's metrics
+    settings: set[tuple] = field(default_factory=set)  # the load settings seen
+    trace: bool = False  # the load followed a trace
+    paused: bool = False
+    share: float | None = None  # the engine's gpu_memory_utilization, last stated
+
+
+def _window(run_dir: Path, r: Report) -> _Window:
+    w = _Window()
     for snap in iter_snapshots(run_dir):
         if not _inside(r, snap.t):
             continue
-        snaps.append(snap)
         if (tick := _kv_tick(snap)) is not None:
-            kv.append(tick)
-    return kv, snaps
-
-
-def _last_server(snaps: list[Snapshot]) -> ServerMetrics | None:
-    return next((s.server for s in reversed(snaps) if s.server is not None), None)
+            w.kv.append(tick)
+        w.last = snap.server if snap.server is not None else w.last
+        w.settings.add((snap.load.mode, snap.load.target_concurrency, snap.load.target_rate))
+        w.trace = w.trace or snap.load.trace_total is not None
+        w.paused = w.paused or snap.load.state == "paused"
+        if snap.server is not None and snap.server.gpu_memory_utilization is not None:
+            w.share = snap.server.gpu_memory_utilization
+    return w
 
 
 def kv_per_request(run_dir: Path, r: Report) -> KvPerRequest:
     """KV in use ÷ requests in flight, the mean over the measured window's ticks that have
     both (a tick with nothing in flight has no per-request figure); in MB when every such
     tick's engine stated its pool's bytes, else in tokens (with why)."""
-    ticks, snaps = _window(run_dir, r)
-    ticks = [k for k in ticks if k.in_flight > 0]
-    last = _last_server(snaps)
+    w = _window(run_dir, r)
+    ticks, last = [k for k in w.kv if k.in_flight > 0], w.last
     if not ticks:
         why = ("no tick of the measured window had requests in flight"
                if last is not None and _has_kv(last) else _why_none(last))
@@ -209,18 +230,18 @@ def engine_memory_slope(run_dir: Path, r: Report, *,
     when the engine exports no usage or pool, when the load was not steady (a ramp, a
     trace, a pause: KV in use follows the load), or when the ticks span less than
     `min_span_s` (start-up filling is no leak: loadgen.model.trend)."""
-    ticks, snaps = _window(run_dir, r)
-    last = _last_server(snaps)
+    w = _window(run_dir, r)
+    ticks, last = w.kv, w.last
 
     def withheld(why: str, unit: SlopeUnit | None = None) -> EngineSlope:
         span = ticks[-1].t - ticks[0].t if len(ticks) > 1 else 0.0
         return EngineSlope(slope=None, unit=unit, samples=len(ticks), span_s=span, first=None,
                            last=None, source=_source(last), why=why,
-                           gpu_memory_why=gpu_memory_why(snaps))
+                           gpu_memory_why=gpu_memory_why(w.share))
 
     if not ticks:
         return withheld(_why_none(last))
-    if (unsteady := _unsteady(snaps)) is not None:
+    if (unsteady := _unsteady(w)) is not None:
         return withheld(unsteady)
     unit: KvUnit = "MB" if all(k.mb_per_token is not None for k in ticks) else "tokens"
     span = ticks[-1].t - ticks[0].t
@@ -234,28 +255,25 @@ def engine_memory_slope(run_dir: Path, r: Report, *,
     return EngineSlope(slope=slope, unit=SLOPE_UNIT[unit], samples=len(ticks), span_s=span,
                        first=float(y[0]), last=float(y[-1]), source=_source(last),
                        why=None if unit == "MB" else WHY_TOKENS,
-                       gpu_memory_why=gpu_memory_why(snaps))
+                       gpu_memory_why=gpu_memory_why(w.share))
 
 
-def _unsteady(snaps: list[Snapshot]) -> str | None:
+def _unsteady(w: _Window) -> str | None:
     """Why the window's load was not steady (None: one setting throughout, not a trace)."""
-    if any(s.load.trace_total is not None for s in snaps):
+    if w.trace:
         return "the load followed a trace, which varies by design: KV in use follows it"
-    settings = {(s.load.mode, s.load.target_concurrency, s.load.target_rate) for s in snaps}
-    if len(settings) > 1:
+    if len(w.settings) > 1:
         return "the load changed inside the window (a ramp or a step): KV in use follows it"
-    if any(s.load.state == "paused" for s in snaps):  # (the window's last tick may be the
-        return "the load paused inside the window: KV in use follows it"  # drain's first)
+    if w.paused:  # (the window's last tick may be the drain's first)
+        return "the load paused inside the window: KV in use follows it"
     return None
 
 
-def gpu_memory_why(snaps: list[Snapshot]) -> str:
+def gpu_memory_why(share: float | None) -> str:
     """Why the GPU's memory used is no leak signal, in words: with the engine's own share
     where it states one (vLLM's gpu_memory_utilization)."""
-    shares = [s.server.gpu_memory_utilization for s in snaps
-              if s.server is not None and s.server.gpu_memory_utilization is not None]
-    if shares:
-        return (f"the engine preallocated {units.pct(shares[-1])} of GPU memory at start "
+    if share is not None:
+        return (f"the engine preallocated {units.pct(share)} of GPU memory at start "
                 "(gpu_memory_utilization): GPU memory used stays flat whatever leaks inside "
                 "its KV pool, so a GPU-side leak is judged on its KV cache in use")
     return ("inference engines size their KV pool at start (vLLM, SGLang, TensorRT-LLM, "

@@ -23,10 +23,12 @@ from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.results import (
     Dcgm,
     EvalState,
+    LeaksFigures,
     PhaseResult,
     Results,
     UnderFault,
 )
+from loadgen.model import knee as knee_rules
 from loadgen.model import units
 from loadgen.model.outage import OUTAGE_MIN_S
 from loadgen.model.slo import Threshold, parse_slos
@@ -130,7 +132,7 @@ def _missing(value: object, why: str) -> str:
     return why if value is None else ""
 
 
-NOT_RECORDED = "not recorded (an eval before round two)"
+NOT_RECORDED = "not recorded: an eval from before this figure"
 
 
 def _ms(latency: dict[str, Summary | None] | None, metric: str, q: str) -> float | None:
@@ -249,7 +251,8 @@ def _ramp_rows(results: Results) -> Iterator[Row]:
     f, why = _ran(results.ramp, "ramp")
     unit = f.unit if f else "streams"
     knee, best = (f.knee, f.best_goodput) if f else (None, None)
-    knee_why = why or ("" if knee else "no knee: throughput scaled to the last step")
+    knee_why = why or ("" if knee else "no knee: throughput scaled to the last step; extend "
+                       "the steps")
     dim = "pressure ramp"
     at_knee = f"{knee.load:g} {unit}" if knee else ""
     # the knee's load is a fact about the server, not better or worse: compare shows it
@@ -264,10 +267,17 @@ def _ramp_rows(results: Results) -> Iterator[Row]:
               flags=tuple(f for f in [validity.too_few(knee_n, "p99")] if f),
               judged_as=("ttft", "p99"))
     best_why = why or ("" if best else "no per-request SLO, or no step met it")
+    steps = f.steps if f else []
+    threshold = (f and _given(f.knee_scaling)) or knee_rules.KNEE_SCALING
+    if best and knee_rules.lower_bound(best.load, steps, threshold):
+        best_why = knee_rules.LOWER_BOUND
     yield Row(dim, "max goodput", best and best.goodput_req_s, "req/s", "higher",
               note=best_why, id="ramp.max_goodput", load=f"{best.load:g} {unit}" if best else "")
+    top = max(steps, key=lambda s: s.output_tok_s) if steps else None
+    rising = top is not None and knee_rules.lower_bound(top.load, steps, threshold)
     yield Row(dim, "max output tokens/s", f and f.max_output_tok_s, "tok/s", "higher",
-              note=why, id="ramp.max_output_tok_s")
+              note=why or (knee_rules.LOWER_BOUND if rising else ""),
+              id="ramp.max_output_tok_s", load=f"{top.load:g} {unit}" if top else "")
 
 
 def _long_tail(results: Results) -> Iterator[Row]:
@@ -393,7 +403,26 @@ def _leaks(results: Results) -> Iterator[Row]:
         elif verdict and s is not None:
             note = f"limit {s.limit_mb_h:g} MB/h"
         yield Row(dim, name, s and s.slope_mb_h, "MB/h", "lower", verdict, note,
-                  id=f"leaks.{key}", limit=f"≤ {s.limit_mb_h:g} MB/h" if s else "")
+                  id=f"leaks.{key}", limit=f"≤ {s.limit_mb_h:g} MB/h" if verdict else "")
+    yield _engine_kv_row(dim, f, why)
+
+
+def _engine_kv_row(dim: str, f: LeaksFigures | None, why: str) -> Row:
+    """GPU-side leaks as the engine's own figures show them: its KV cache in use."""
+    leak = f and _given(f.engine_kv)
+    if leak is None:
+        return Row(dim, "KV cache in use growth", None, "", "lower", note=why or NOT_RECORDED,
+                   id="leaks.engine_kv")
+    s = leak.slope
+    verdict = None if leak.passed is None else ("PASS" if leak.passed else "FAIL")
+    note = s.why or ""
+    if f is not None and not f.judged and s.slope is not None:
+        note = (note + "; " if note else "") + (
+            f"not judged: soak {_span(f.soak_s)} < {_span(f.min_soak_s)}")
+    unit = s.unit or ""
+    return Row(dim, "KV cache in use growth", s.slope, unit, "lower", verdict, note,
+               id="leaks.engine_kv", samples=s.samples,
+               limit=f"≤ {leak.limit:g} {unit}" if verdict else "")
 
 
 def _efficiency(results: Results) -> Iterator[Row]:
@@ -415,10 +444,25 @@ def _efficiency(results: Results) -> Iterator[Row]:
     util = base and _given(base.gpu_util_pct)
     yield Row(dim, "GPU utilisation (baseline)", util, "%", None,
               note=why or ("" if util is not None else "no GPU"), id="efficiency.gpu_util")
+    yield _kv_row(dim, results, why)
     per_request = base and _given(base.gpu_memory_mb_per_in_flight)
-    yield Row(dim, "GPU memory per request in flight", per_request, "MB", "lower",
-              note=why or ("" if per_request is not None else "no GPU"),
-              id="efficiency.memory_per_request")
+    # a fact, not better or worse: an engine preallocates, so this is its pool ÷ N
+    yield Row(dim, "GPU memory used ÷ requests in flight", per_request, "MB", None,
+              note=why or ("the preallocated memory ÷ N, not what a request uses: see the KV "
+                           "row" if per_request is not None else "no GPU"),
+              id="efficiency.gpu_memory_per_request")
+
+
+def _kv_row(dim: str, results: Results, why: str) -> Row:
+    """Memory per request as the engine's KV cache shows it (the baseline's window)."""
+    f, base_why = _ran(results.baseline, "baseline")
+    kv = f and _given(f.kv_per_request)
+    if kv is None:
+        return Row(dim, "KV cache per request in flight", None, "", "lower",
+                   note=why or base_why or NOT_RECORDED, id="efficiency.kv_per_request")
+    return Row(dim, "KV cache per request in flight", kv.value, kv.unit or "", "lower",
+               note=why or kv.why or "", id="efficiency.kv_per_request", samples=kv.samples,
+               load=f.load if f else "")
 
 
 def _dcgm_rows(dim: str, why: str, dcgm: Dcgm | None) -> Iterator[Row]:

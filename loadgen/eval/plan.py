@@ -288,8 +288,11 @@ class Leaks(_Table):
 
     enabled: bool
     max_rss_mb_per_h: NonNegative
-    max_gpu_mb_per_h: NonNegative
+    max_gpu_mb_per_h: NonNegative  # the engine's KV cache in use, when it states its bytes
     min_soak: Seconds  # a shorter soak shows the slopes without judging them
+    # the engine's KV cache in use, when it states its pool in tokens only (a default for
+    # the plans of the evals before it)
+    max_kv_tokens_per_h: NonNegative = 10_000.0
 
 
 class Efficiency(_Table):
@@ -646,7 +649,8 @@ enabled = true
 steps = "auto"           # "auto": doubling until the knee or saturation; or [1, 2, 4, 8, 16]
 step_duration = "30s"    # measured, per step
 step_warmup = "10s"      # not measured, per step
-knee_fraction = 0.5      # the knee: the last step before scaling falls below this (1 = linear)
+knee_fraction = 0.2      # the knee: the last step before scaling, ln(tok/s ratio) / ln(load
+                         # ratio), falls below this (0.2: 2x the load for under +15 % tok/s)
 max_error_rate = "5%"    # stop after a step with more errors than this
 slo = ""                 # the sweep's goodput SLO; "": the plan's slo
 
@@ -693,11 +697,14 @@ fault = "bandwidth"
 bytes_per_s = 65536
 for = "1m"
 
-# 5. Leaks: growth of the server process' RSS and of GPU memory over the long tail's soak.
+# 5. Leaks: growth over the long tail's soak of the server process' RSS and, GPU-side, of
+#    the engine's own KV cache in use (its usage x the pool it states): an engine preallocates
+#    its GPU memory at start, so GPU memory used stays flat whatever leaks inside it.
 [phases.leaks]
 enabled = true
 max_rss_mb_per_h = 50.0
-max_gpu_mb_per_h = 50.0
+max_gpu_mb_per_h = 50.0  # KV in use, where the engine states its pool's bytes
+max_kv_tokens_per_h = 10000  # KV in use, where it states its pool in tokens only
 min_soak = "30m"         # a shorter soak shows the slopes but does not judge them
 
 # 6. Efficiency: output tokens per joule, req/s per watt, GPU utilisation, GPU memory per

@@ -26,6 +26,7 @@ from loadgen.analysis.soak_result import (
     ThresholdResult,
 )
 from loadgen.analysis.sweep import StepResult
+from loadgen.eval.efficiency import EngineSlope, KvPerRequest
 from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.validity import Span
 
@@ -52,17 +53,6 @@ class Dcgm(_Figures, kw_only=True):
     why: str
 
 
-class GpuUse(_Figures, kw_only=True):
-    """Energy and GPU use over a measured run (loadgen.eval.efficiency.gpu_use)."""
-
-    tokens_per_joule: float | None
-    req_s_per_w: float | None
-    gpu_util_pct: float | None
-    gpu_memory_mb_per_in_flight: float | None
-    gpu_source: str  # nvml | simulated | none …
-    energy_why: str | None  # why there is no energy figure
-
-
 class BaselineFigures(_Figures, kw_only=True):
     load: str  # "4 streams", "10 req/s"
     req_s: float | None
@@ -87,6 +77,7 @@ class BaselineFigures(_Figures, kw_only=True):
     # above; the matrix's rows give the mean and its 95 % interval), and every run's dir
     repeats: dict[str, list[float | None]] | UnsetType = UNSET
     run_dirs: list[str] | UnsetType = UNSET
+    kv_per_request: KvPerRequest | UnsetType = UNSET  # the engine's KV cache ÷ in flight
 
 
 class EfficiencyAt(_Figures, kw_only=True):
@@ -119,6 +110,7 @@ class RampFigures(_Figures, kw_only=True):
     plot: str  # its sweep.png
     # with --repeat N: every run's figure at the knee, best goodput and top, by row id
     repeats: dict[str, list[float | None]] | UnsetType = UNSET
+    knee_scaling: float | UnsetType = UNSET  # the plan's knee_fraction it was judged by
 
 
 class LongTailFigures(_Figures, kw_only=True):
@@ -131,6 +123,7 @@ class LongTailFigures(_Figures, kw_only=True):
     latency_ms: dict[str, Summary]
     plots: list[str]  # its report's PNGs
     span: Span | UnsetType = UNSET  # not in the evals before round two
+    engine_kv: EngineSlope | UnsetType = UNSET  # the KV cache in use through the soak
 
 
 class LeakSlope(_Figures, kw_only=True):
@@ -146,6 +139,14 @@ class LeaksFigures(_Figures, kw_only=True):
     min_soak_s: float
     server_rss: LeakSlope
     gpu_memory: LeakSlope
+    # GPU-side leaks judged on the engine's own KV cache in use (not in the evals before it)
+    engine_kv: EngineLeak | UnsetType = UNSET
+
+
+class EngineLeak(_Figures, kw_only=True):
+    slope: EngineSlope
+    limit: float  # in the slope's unit
+    passed: bool | None  # None: not judged (a short soak, or no slope)
 
 
 # ---- faults -----------------------------------------------------------------------------------
