@@ -45,6 +45,7 @@ from loadgen.eval.efficiency import (
     gpu_use,
     kv_per_request,
 )
+from loadgen.eval.header import collect_header
 from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.plan import (
     FAULT_SETTLE_S,
@@ -64,6 +65,7 @@ from loadgen.eval.results import (
     EngineLeak,
     EvalState,
     FaultsFigures,
+    Header,
     LeaksFigures,
     LeakSlope,
     LongTailFigures,
@@ -121,6 +123,7 @@ class Eval:
     # by the run's name, and a call as each phase begins (its number from 1, its name)
     sinks_for: Callable[[str], list[Sink]] = field(default=lambda name: [])
     on_phase: Callable[[int, Phase], None] = field(default=lambda i, name: None)
+    header: Header | None = None  # what was measured: found once, when the eval starts
 
     @property
     def phases(self) -> Phases:
@@ -135,7 +138,8 @@ class Eval:
             format=EVAL_FORMAT, started=self.started, finished=finished, quick=self.quick,
             target=self.cfg.url or "embedded simulator",
             workload=workload_of(self.cfg, self.phases), plan=plan_to_builtins(self.plan),
-            phases=self.results, rows=msgspec.UNSET if rows is None else rows)
+            phases=self.results, rows=msgspec.UNSET if rows is None else rows,
+            header=msgspec.UNSET if self.header is None else self.header)
 
     def save(self, finished: bool = False, rows: list[dict] | None = None) -> None:
         write_json_atomic(self.state_path, state_to_builtins(self.state(finished, rows)))
@@ -178,6 +182,8 @@ def resumed(state: EvalState, cfg: RunConfig, out: Path, say: Say, **kw: Any) ->
     plan = plan_from_builtins(state.plan, str(out / "eval.json"))
     ev = Eval(cfg=cfg, plan=plan, quick=state.quick, out=out, say=say, **kw)
     ev.started = state.started
+    if state.header is not msgspec.UNSET:  # the eval's, as it was found when it began
+        ev.header = state.header
     for name, result in state.phases.items():  # a failed phase runs again
         if result.status in ("done", "skipped"):
             ev.results.put(name, result)
@@ -192,6 +198,10 @@ async def run_eval(ev: Eval) -> None:
     ev.out.mkdir(parents=True, exist_ok=True)
     sim = await _target(ev)
     try:
+        if ev.header is None:
+            ev.header = await collect_header(
+                ev.url, plan=plan_to_builtins(ev.plan), started=ev.started, label=ev.label,
+                meta=ev.meta, model=ev.cfg.model, authorization=ev.secrets.authorization())
         for i, name in enumerate(PHASES, 1):
             if ev.results.of(name) is not None:
                 ev.say(f"eval: phase {i}/{len(PHASES)} {name}: done before, kept")

@@ -24,7 +24,6 @@ import io
 import json
 import math
 import textwrap
-import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -35,6 +34,7 @@ from msgspec import UNSET
 from loadgen.eval.matrix import Row, shown, state_rows
 from loadgen.eval.results import EvalState, GpuInfo, Header, Workload
 from loadgen.model import units
+from loadgen.model.text import plain
 
 NOISE_BAND_PCT = 5.0  # one run each: a change of this much or less is the same within noise
 FIGURE_WIDTH = 40  # the text's figure column: longer names wrap, never cut
@@ -113,7 +113,7 @@ class Regression:
         """'latency & throughput / TTFT P99 [baseline.ttft.p99]: B +25.0% worse'"""
         r, change = self.line.row, self.line.changes[self.eval]
         said = change.text() if change is not None else ""
-        return f"{r.dimension} / {_plain(r.figure)} [{r.id}]: {_letter(self.eval)} {said}"
+        return f"{r.dimension} / {plain(r.figure)} [{r.id}]: {_letter(self.eval)} {said}"
 
 
 # ---- judging ------------------------------------------------------------------------------
@@ -283,22 +283,16 @@ def _value(v: Any) -> str:
         return units.NA
     if isinstance(v, list) and all(isinstance(g, GpuInfo) for g in v):
         names = [g.name or "unknown GPU" for g in v]
-        return ", ".join(f"{names.count(n)} × {_plain(n)}" for n in dict.fromkeys(names))
+        return ", ".join(f"{names.count(n)} × {plain(n)}" for n in dict.fromkeys(names))
     if isinstance(v, dict):
-        return ", ".join(f"{_plain(str(k))}={_plain(str(x))}" for k, x in v.items())
+        return ", ".join(f"{plain(str(k))}={plain(str(x))}" for k, x in v.items())
     if isinstance(v, str):
-        return repr(_plain(v))
+        return repr(plain(v))
     return str(v)
 
 
 def _label(e: EvalState) -> str:
-    return _plain(e.header.label or "") if isinstance(e.header, Header) else ""
-
-
-def _plain(text: str) -> str:
-    """Text from outside (a server's engine name, a GPU's, a label) with its control
-    characters (escapes, newlines) shown as '?': it reaches a terminal or a report."""
-    return "".join("?" if unicodedata.category(ch)[0] == "C" else ch for ch in text)
+    return plain(e.header.label or "") if isinstance(e.header, Header) else ""
 
 
 # ---- cells --------------------------------------------------------------------------------
@@ -348,13 +342,13 @@ def _row_notes(c: Comparison, line: Line) -> list[str]:
         has = ", ".join(_letter(i) for i in present)
         out.append(f"only in {has}: matched by what it measures ({line.id}), not by label")
     named = line.row.figure
-    out += [f"{_letter(i)} names it {_plain(r.figure)!r}"
+    out += [f"{_letter(i)} names it {plain(r.figure)!r}"
             for i, r in enumerate(line.rows) if r is not None and r.figure != named]
     flagged: dict[tuple[str, ...], list[str]] = {}
     for i, r in enumerate(line.rows):
         if r is not None and r.flags:
             flagged.setdefault(r.flags, []).append(_letter(i))
-    out += [f"{', '.join(who)} flagged: " + "; ".join(_plain(f) for f in flags)
+    out += [f"{', '.join(who)} flagged: " + "; ".join(plain(f) for f in flags)
             for flags, who in flagged.items()]
     return out
 
@@ -370,10 +364,10 @@ def _columns(c: Comparison) -> list[str]:
 
 def _cells(c: Comparison, line: Line) -> list[str]:
     r = line.row
-    cells = [r.dimension, _plain(r.figure)]
+    cells = [r.dimension, plain(r.figure)]
     for i, (text, row, change) in enumerate(zip(_texts(line), line.rows, line.changes,
                                                 strict=True)):
-        cells += [text, _plain(row.load) if row is not None else ""]
+        cells += [text, plain(row.load) if row is not None else ""]
         if i:
             cells.append(change.text() if change is not None else "")
     return [*cells, "; ".join(_row_notes(c, line))]
@@ -384,7 +378,7 @@ def _legend(c: Comparison) -> list[str]:
     for i, name in enumerate(c.names):
         label = f" (label {c.labels[i]!r})" if c.labels[i] else ""
         role = ": the baseline, the others are judged against it" if i == 0 else ""
-        out.append(f"{_letter(i)} = {_plain(name)}{label}{role}")
+        out.append(f"{_letter(i)} = {plain(name)}{label}{role}")
     return out
 
 
@@ -459,7 +453,7 @@ def _csv(c: Comparison, judged: Gate | None) -> str:
     w.writerow(head)
     for line in c.lines:
         r = line.row
-        cells: list[Any] = [line.id, r.dimension, _plain(r.figure), r.unit, r.better or ""]
+        cells: list[Any] = [line.id, r.dimension, plain(r.figure), r.unit, r.better or ""]
         for i, (row, change) in enumerate(zip(line.rows, line.changes, strict=True)):
             cells += _csv_cells(row)
             if i:
@@ -473,8 +467,8 @@ def _csv_cells(r: Row | None) -> list[Any]:
         return [""] * 8
     low, high = r.interval or ("", "")
     return ["" if r.value is None else r.value, low, high, r.repeats,
-            "" if r.samples is None else r.samples, _plain(r.load), r.verdict or "",
-            "; ".join(_plain(f) for f in r.flags)]
+            "" if r.samples is None else r.samples, plain(r.load), r.verdict or "",
+            "; ".join(plain(f) for f in r.flags)]
 
 
 def _csv_change(change: Change | None) -> list[Any]:
@@ -501,13 +495,13 @@ def _json(c: Comparison, judged: Gate | None) -> str:
 def _json_line(line: Line) -> dict[str, Any]:
     r = line.row
     return {
-        "id": line.id, "dimension": r.dimension, "figure": _plain(r.figure), "unit": r.unit,
+        "id": line.id, "dimension": r.dimension, "figure": plain(r.figure), "unit": r.unit,
         "better": r.better,
         "evals": [None if x is None else {
             "value": x.value, "interval": list(x.interval) if x.interval else None,
-            "repeats": x.repeats, "samples": x.samples, "load": _plain(x.load),
-            "verdict": x.verdict, "flags": [_plain(f) for f in x.flags],
-            "note": _plain(x.note), "figure": _plain(x.figure)} for x in line.rows],
+            "repeats": x.repeats, "samples": x.samples, "load": plain(x.load),
+            "verdict": x.verdict, "flags": [plain(f) for f in x.flags],
+            "note": plain(x.note), "figure": plain(x.figure)} for x in line.rows],
         "against_first": [None if ch is None else {
             "change_pct": ch.pct, "from_zero": ch.from_zero, "to_zero": ch.to_zero,
             "judgement": ch.judgement.value, "noise": ch.noise.value or None}

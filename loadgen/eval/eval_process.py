@@ -42,7 +42,7 @@ from loadgen.model.snapshot import Control, Snapshot
 from loadgen.model.source import RunOutcome, SourceError, SourceStatus
 from loadgen.model.windows import SnapshotWindows
 from loadgen.run.config import RunConfig
-from loadgen.run.run_process import Fatal, Said, SnapshotMsg, _how_it_ended
+from loadgen.run.run_process import Fatal, Said, SnapshotMsg, how_it_ended
 from loadgen.run.secrets import Secrets
 from loadgen.run.sinks import RunHandle
 from loadgen.worker import eventloop
@@ -258,7 +258,7 @@ class EvalProcess:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(5.0):
                 await self.proc.wait()
-        how = _how_it_ended(self.proc.returncode)
+        how = how_it_ended(self.proc.returncode)
         cmd = resume_command(self.out, self.start_msg.config.url)
         return EvalOutcome(state="died", code=1, message=(
             f"eval: the eval process died ({how}); its lines are in {self.log_path}; "

@@ -15,9 +15,7 @@ import hashlib
 import json
 import os
 import platform
-import re
 import time
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ import aiohttp
 
 import loadgen
 from loadgen.eval.results import GpuInfo, Header
+from loadgen.model.text import plain as text_plain
 from probes.gpu import GpuProbe
 from probes.nvml import NvmlProbe
 from probes.server_metrics import describe_error, metrics_url_for, parse_metrics, server_root
@@ -34,20 +33,9 @@ TIMEOUT_S = 2.0  # each question to the server, and NVML's start
 TEXT_LIMIT = 200  # characters kept of a server's string (a model path, a build id)
 DIGEST_HEX = 12
 
-# ESC sequences: CSI (colours, cursor moves), OSC (titles, hyperlinks; ended by BEL or ST),
-# and the two-character ones; what is left of the C0/C1 and format characters goes after
-_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?"
-                      r"|\x9b[0-?]*[ -/]*[@-~]")
-
-
 def plain(text: object, limit: int = TEXT_LIMIT) -> str:
-    """Untrusted text as it may be shown: escape sequences removed, every other control or
-    format character (C0, C1, bidi overrides, zero-width) a space, blanks collapsed, at
-    most `limit` characters (cut with "…")."""
-    s = _ESCAPES.sub("", str(text))
-    s = "".join(" " if unicodedata.category(c)[0] == "C" else c for c in s)
-    s = " ".join(s.split())
-    return s if len(s) <= limit else s[: limit - 1] + "…"
+    """A server's string as the header keeps it (loadgen.model.text.plain, bounded)."""
+    return text_plain(text, limit)
 
 
 def plan_digest(plan: dict[str, Any]) -> str:
@@ -291,7 +279,7 @@ async def collect_header(url: str, *, plan: dict[str, Any], started: float,
             _model(session, url, authorization, model, header.why),
             _gpus(server_root(url), session, header.why))
     header.engine, header.engine_version, header.model, header.gpus = engine, version, served, gpus
-    if simulator and version is None:
+    if simulator and version is None:  # a simulator of a tokentop before its version route
         header.why["engine_version"] = (f"the tokentop simulator in {engine}'s words, which "
                                         f"has no version route ({header.why['engine_version']})")
     return header

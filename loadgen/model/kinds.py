@@ -74,4 +74,4 @@ RunState = Literal["starting", "running", "paused", "draining", "stopped"]
 RUNNING_STATES: tuple[RunState, ...] = ("starting", "running", "draining")
 
 # Which kind of SnapshotSource a console is looking at.
-SourceKind = Literal["live", "replay", "fleet"]
+SourceKind = Literal["live", "replay", "fleet", "eval"]

@@ -60,7 +60,7 @@ class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
 class SourceStatus(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a front end may ask a source, in one value (equal values: nothing new)."""
 
-    kind: SourceKind  # live (a run we drive), replay (a run directory), fleet (over MQTT)
+    kind: SourceKind  # live (a run we drive), replay, fleet (over MQTT), eval (a battery)
     description: str  # one line for the header, e.g. "live: http://127.0.0.1:8000/v1"
     run_dir: str | None = None  # where the run records (a replay: the directory it reads)
     waiting: Waiting | None = None  # a live run still waiting for its target

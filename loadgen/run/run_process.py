@@ -192,7 +192,7 @@ class RunProcess:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(5.0):
                 await self.proc.wait()
-        how = _how_it_ended(self.proc.returncode)
+        how = how_it_ended(self.proc.returncode)
         where = f"; its recording in {self._run_dir} is interrupted" if self._run_dir else ""
         reason = f"the run process died ({how}) before it finished the run{where}"
         return RunOutcome(code=1, reason=reason, line=reason, run_dir=self._run_dir,
@@ -238,7 +238,7 @@ class RunProcess:
         self._log.close()
 
 
-def _how_it_ended(returncode: int | None) -> str:
+def how_it_ended(returncode: int | None) -> str:
     if returncode is None:
         return "it no longer answers"
     if returncode < 0:

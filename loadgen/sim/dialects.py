@@ -375,3 +375,18 @@ _RENDERERS = {
     "trtllm": _trtllm,
     "triton": _triton,
 }
+
+
+def version_answer(dialect: str, version: str, model: str) -> tuple[str, dict] | None:
+    """Where the engine `dialect` speaks says its version, and what it says there (the
+    simulator's version in the engine's own shape), so a client that asks a real engine
+    asks the simulator the same way; None for an engine without such a route."""
+    said = f"tokentop-sim {version}"
+    return {
+        "vllm": ("/version", {"version": said}),
+        "trtllm": ("/version", {"version": said}),
+        "sglang": ("/get_server_info", {"version": said, "tp_size": 1, "model_path": model}),
+        "tgi": ("/info", {"version": said, "model_id": model, "max_total_tokens": 4096}),
+        "llamacpp": ("/props", {"build_info": said, "default_generation_settings": {}}),
+        "triton": ("/v2", {"name": "triton", "version": said, "extensions": []}),
+    }.get(dialect)

@@ -28,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
+import loadgen
 from loadgen.sim import dialects
 from loadgen.sim.chunks import SSE_HEADERS, ChunkWriter, completion_text
 from loadgen.sim.exact import respond_exact
@@ -107,6 +108,11 @@ class SimServer:
         )
         if self.tokens is not None:  # a server without a tokenizer has no such endpoint
             app.add_routes([web.post("/tokenize", self._tokenize)])
+        version = dialects.version_answer(self.cfg.metrics_dialect, loadgen.__version__,
+                                          self.cfg.model_name)
+        if version is not None:  # the engine's own route for its version
+            path, body = version
+            app.add_routes([web.get(path, lambda _request: web.json_response(body))])
         return app
 
     @web.middleware
