@@ -112,7 +112,11 @@ class SimServer:
                                           self.cfg.model_name)
         if version is not None:  # the engine's own route for its version
             path, body = version
-            app.add_routes([web.get(path, lambda _request: web.json_response(body))])
+
+            async def answer(_request: web.Request) -> web.Response:
+                return web.json_response(body)
+
+            app.add_routes([web.get(path, answer)])
         return app
 
     @web.middleware
