@@ -541,6 +541,10 @@ def _add_model_arguments(g: argparse._ArgumentGroup) -> None:
     opt("--gpu-memory-bytes", "gpu_memory_bytes", int, "memory per simulated GPU")
     opt("--weights-bytes", "weights_bytes", int, "model weights, all GPUs together")
     opt("--kv-bytes-per-token", "kv_bytes_per_token", int, "KV-cache bytes per token")
+    opt("--gpu-memory-utilization", "gpu_memory_utilization", float,
+        "the share of each GPU's memory taken at start, as vLLM's flag")
+    opt("--kv-leak-fraction", "kv_leak_fraction", float,
+        "a leaking engine: the share of each finished request's KV never freed")
     opt("--idle-power-w", "idle_power_w", float, "simulated GPU idle power, W")
     opt("--power-limit-w", "power_limit_w", float, "simulated GPU power limit, W")
 
