@@ -5,7 +5,8 @@ built"; the rule is tests/test_layout.py):
 
     model/     the shared vocabulary (imports nothing of ours): snapshot, kinds, notice,
                source (SnapshotSource, its status, a run's outcome), units (every parser
-               and formatter of figures), slo, outage, windows, trend, energy, hdr, urls
+               and formatter of figures), slo, outage, windows, trend, energy, knee (the one
+               knee rule), client_lag, text (the one sanitiser of outside text), hdr, urls
     worker/    the hot path, inside the load worker processes (model only): main, load,
                envelope (one request, both clients), client + http_stream, openai_client,
                sse, stream_measure, interval, workload, distributions, conversation,
@@ -22,7 +23,8 @@ built"; the rule is tests/test_layout.py):
     analysis/  what runs leave behind (run and below): soak, soak_result, outage_views,
                report, compare, sweep, calibrate
     eval/      the evaluation battery (analysis and below): phases, plan, battery, results,
-               matrix, proxy, output
+               matrix, validity, efficiency, under_fault, header, document, compare, proxy,
+               chaos, dcgm_watch, output, eval_process
 """
 
 __version__ = "0.1.0"
