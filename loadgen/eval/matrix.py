@@ -17,6 +17,7 @@ from typing import TypeVar
 from msgspec import UNSET, UnsetType
 
 from loadgen.analysis.soak_result import Summary, ThresholdResult
+from loadgen.analysis.sweep import StepResult
 from loadgen.eval import validity
 from loadgen.eval.chaos import PROBE_EVERY_S
 from loadgen.eval.phases import PHASES, Phase
@@ -258,7 +259,7 @@ def _ramp_rows(results: Results) -> Iterator[Row]:
     # the knee's load is a fact about the server, not better or worse: compare shows it
     yield Row(dim, "knee (load)", knee and knee.load, unit, None, note=knee_why,
               id="ramp.knee")
-    knee_n = round(knee.req_s * knee.seconds) if knee else None
+    knee_n = _step_requests(knee)
     yield Row(dim, "output tokens/s at the knee", knee and knee.output_tok_s, "tok/s",
               "higher", note=knee_why, id="ramp.knee.output_tok_s", load=at_knee,
               samples=knee_n)
@@ -272,12 +273,19 @@ def _ramp_rows(results: Results) -> Iterator[Row]:
     if best and knee_rules.lower_bound(best.load, steps, threshold):
         best_why = knee_rules.LOWER_BOUND
     yield Row(dim, "max goodput", best and best.goodput_req_s, "req/s", "higher",
-              note=best_why, id="ramp.max_goodput", load=f"{best.load:g} {unit}" if best else "")
+              note=best_why, id="ramp.max_goodput", load=f"{best.load:g} {unit}" if best else "",
+              samples=_step_requests(best))
     top = max(steps, key=lambda s: s.output_tok_s) if steps else None
     rising = top is not None and knee_rules.lower_bound(top.load, steps, threshold)
     yield Row(dim, "max output tokens/s", f and f.max_output_tok_s, "tok/s", "higher",
               note=why or (knee_rules.LOWER_BOUND if rising else ""),
-              id="ramp.max_output_tok_s", load=f"{top.load:g} {unit}" if top else "")
+              id="ramp.max_output_tok_s", load=f"{top.load:g} {unit}" if top else "",
+              samples=_step_requests(top))
+
+
+def _step_requests(step: StepResult | None) -> int | None:
+    """The requests a ramp step's figures are over (its rate × its measured seconds)."""
+    return round(step.req_s * step.seconds) if step is not None else None
 
 
 def _long_tail(results: Results) -> Iterator[Row]:
@@ -302,6 +310,7 @@ def _long_tail(results: Results) -> Iterator[Row]:
     avail = f and f.availability
     yield Row(dim, "availability", None if avail is None else avail * 100, "%", "higher",
               note=why, id="long_tail.availability", load=load, flags=flags,
+              samples=span.ticks if span else None,
               judged_as=("availability", None))
     summary = f.latency_ms.get("ttft") if f else None
     count = summary.get("count") if summary else None
@@ -426,6 +435,14 @@ def _engine_kv_row(dim: str, f: LeaksFigures | None, why: str) -> Row:
 
 
 def _efficiency(results: Results) -> Iterator[Row]:
+    """The efficiency rows; those of the baseline's window say the requests it is over."""
+    base, _ = _ran(results.baseline, "baseline")
+    requests = base and _given(base.requests)
+    for r in _efficiency_rows(results):
+        yield replace(r, samples=requests) if "baseline" in r.id and r.value is not None else r
+
+
+def _efficiency_rows(results: Results) -> Iterator[Row]:
     f, why = _ran(results.efficiency, "efficiency")
     dim = "efficiency"
     base = _given(f.baseline) if f else None
