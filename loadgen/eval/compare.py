@@ -108,11 +108,14 @@ class Regression:
 
     line: Line
     eval: int  # index into Comparison.names
+    verdict: bool = False  # the plan's limit held in the first eval and broke in this one
 
     def text(self) -> str:
         """'latency & throughput / TTFT P99 [baseline.ttft.p99]: B +25.0% worse'"""
         r, change = self.line.row, self.line.changes[self.eval]
         said = change.text() if change is not None else ""
+        if self.verdict:
+            said = (said + "; " if said else "") + f"FAIL where A passed ({r.limit})"
         return f"{r.dimension} / {plain(r.figure)} [{r.id}]: {_letter(self.eval)} {said}"
 
 
@@ -156,14 +159,21 @@ def _beyond_noise(a: Row, b: Row, pct: float | None) -> bool:
 
 def regressions(c: Comparison, pct: float) -> list[Regression]:
     """The judged rows of the later evals worse than the first's by more than `pct` per
-    cent and beyond the noise (from 0 is beyond any per cent)."""
+    cent and beyond the noise (from 0 is beyond any per cent), and the rows whose verdict
+    went from PASS to FAIL."""
     out = []
     for line in c.lines:
+        first = line.rows[0]
         for i, change in enumerate(line.changes):
-            if change is None or change.judgement is not Judgement.WORSE:
-                continue
-            if change.pct is None or abs(change.pct) > pct:
-                out.append(Regression(line, i))
+            row = line.rows[i]
+            # a limit of the plan that held in the first eval and broke here fails the gate
+            # whatever the per cent: it is what the plan says the server must do
+            broke = i > 0 and first is not None and row is not None \
+                and first.verdict == "PASS" and row.verdict == "FAIL"
+            worse = change is not None and change.judgement is Judgement.WORSE \
+                and (change.pct is None or abs(change.pct) > pct)
+            if worse or broke:
+                out.append(Regression(line, i, verdict=broke))
     return out
 
 
@@ -178,10 +188,10 @@ class Gate:
         """Its verdict, then each row that failed it."""
         if not self.failed:
             return [f"regression gate: passed (no judged row worse than A by more than "
-                    f"{self.pct:g} % beyond the noise)"]
+                    f"{self.pct:g} % beyond the noise, no limit broken that A met)"]
         n = len(self.failed)
         return [f"regression gate: FAILED, {n} row{'s' if n > 1 else ''} worse than A by "
-                f"more than {self.pct:g} % beyond the noise:"] + [
+                f"more than {self.pct:g} % beyond the noise, or failing a limit A met:"] + [
             f"  {r.text()}" for r in self.failed]
 
 
