@@ -23,8 +23,8 @@ built"; the rule is tests/test_layout.py):
     analysis/  what runs leave behind (run and below): soak, soak_result, outage_views,
                report, compare, sweep, calibrate
     eval/      the evaluation battery (analysis and below): phases, plan, battery, results,
-               matrix, validity, efficiency, under_fault, header, document, compare, proxy,
-               chaos, dcgm_watch, output, eval_process
+               matrix, repeats, validity, efficiency, under_fault, header, document,
+               compare, proxy, chaos, dcgm_watch, output, eval_process
 """
 
 __version__ = "0.1.0"
