@@ -11,9 +11,14 @@ and TTFT measures that lock-step, not a server under steady load (598 ms against
 68 ms for the same server with varied lengths). So several streams started
 together are spread out, as Locust and k6 ramp their users: by default (auto) the
 first goes at once and measures one request's time, and each of the others starts
-at a random moment within that time; `--stagger S` spreads them over S seconds, and
-`--stagger 0` starts them all at once. One stream added alone (`+`) starts at once,
-and the same spread applies when a paused load resumes.
+at a random moment within that time. That time was measured before the others ran, so
+under their load a request takes longer and the starts would cover only part of it:
+so, once, after its first request (which ran under the group's load), each stream
+waits a random moment within that request's time, which spreads the streams evenly
+over a round whatever its length (one delay uniform over a period makes the phase
+uniform). `--stagger S` spreads them over S seconds, once, and `--stagger 0` starts
+them all at once. One stream added alone (`+`) starts at once, and the same spread
+applies when a paused load resumes.
 
 Open loop over several workers: the process at the server must be the one
 asked for whatever the worker count (a constant 10 req/s split as four
@@ -177,17 +182,23 @@ class ClosedLoop:
     async def _user(self, uid: int, spread: bool) -> None:
         first, cap = RECONNECT_BACKOFF_S
         backoff = first
+        rephase = spread and self.stagger.spread is None
         if spread:
             await self._spread()
         while uid < self.target and not self._stopping:
             if not self._running.is_set():
                 await self._running.wait()
                 await self._spread()  # the whole group resumes at once: spread it again
+                rephase = self.stagger.spread is None
                 continue
             t0 = perf_counter()
             if await self._send_one(uid):
-                self.stagger.took(perf_counter() - t0)
+                took = perf_counter() - t0
+                self.stagger.took(took)
                 backoff = first
+                if rephase and not self._stopping:
+                    rephase = False
+                    await self._sleep(self.stagger.rng.uniform(0.0, took))
                 wait = self._think(uid) if self._think is not None else 0.0
                 if wait > 0 and not self._stopping:
                     await self._sleep(wait)
