@@ -729,7 +729,7 @@ duration = "20s"
 warmup = "5s"
 
 [quick.ramp]
-steps = [1, 2, 4, 8, 16, 32]
+steps = [1, 2, 4, 8, 16, 32, 64]  # past the default simulator's 32 slots: its knee
 step_duration = "8s"
 step_warmup = "2s"
 

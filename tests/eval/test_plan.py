@@ -126,9 +126,9 @@ def test_quick_profile_shortens_every_timed_phase_and_fits_five_minutes() -> Non
 
 def test_planned_seconds_adds_up_the_phases() -> None:
     quick = default_plan().quick
-    # 5+20 baseline, 6 steps x (2+8), 60 soak, faults to 48 s + settle, 2 x (3+12) scaling
-    assert planned_seconds(quick, targets=2) == 25 + 60 + 60 + 48 + FAULT_SETTLE_S + 30
-    assert planned_seconds(quick, targets=1) == 25 + 60 + 60 + 48 + FAULT_SETTLE_S
+    # 5+20 baseline, 7 steps x (2+8), 60 soak, faults to 48 s + settle, 2 x (3+12) scaling
+    assert planned_seconds(quick, targets=2) == 25 + 70 + 60 + 48 + FAULT_SETTLE_S + 30
+    assert planned_seconds(quick, targets=1) == 25 + 70 + 60 + 48 + FAULT_SETTLE_S
 
 
 @pytest.mark.parametrize(("written", "seconds"), [
