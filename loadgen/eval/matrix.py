@@ -332,7 +332,9 @@ def _faults(results: Results) -> Iterator[Row]:
         return
     seen: dict[str, int] = {}
     span = _given(f.span)
-    flags = span.flags() if span else ()
+    # the client's flag only: a blackhole or a delay bunches completions by design, so the
+    # lock-step flag would name the fault, not the load
+    flags = tuple(x for x in [span.client_flag()] if x) if span else ()
     for fault in f.faults:
         seen[fault.fault] = seen.get(fault.fault, 0) + 1
         for r in _fault_rows(dim, fault, f"faults.{fault.fault}#{seen[fault.fault]}"):

@@ -156,7 +156,7 @@ def too_few(samples: int | None, q: str) -> str | None:
     share = 1.0 - float(q[1:]) / 100.0
     if samples * share >= BEYOND_MIN:
         return None
-    need = int(np.ceil(BEYOND_MIN / share))
+    need = int(np.ceil(round(BEYOND_MIN / share, 6)))  # 10 / 0.001 is 10000.000000000002
     beyond = "it is the maximum" if samples * share < 1 else "it is near the maximum"
     return (f"{samples:,} samples: too few for {q.upper()} ({need:,} give {BEYOND_MIN} beyond "
             f"it); {beyond}")

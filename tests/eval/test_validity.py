@@ -114,3 +114,29 @@ def test_the_live_warning_is_said_once_when_it_holds_and_once_more_when_it_domin
     # a pegged worker is a warning by itself, after as many ticks
     watch = client_lag.ClientWatch()
     assert [watch.see(Lag.FINE, 1.0, busy=1, workers=2) for _ in range(3)][-1][0] == "warn"
+
+
+def test_the_faults_rows_carry_the_clients_flag_not_lock_step():
+    """A blackhole holds every stream and lets them go together: completions bunch by the
+    fault's design, so the faults rows do not call it lock-step; a saturated client they
+    do flag. The baseline's rows carry both."""
+    from pathlib import Path
+
+    import msgspec
+
+    from loadgen.eval import matrix
+    from loadgen.eval.results import read_state
+    from loadgen.eval.validity import Span
+
+    state = read_state((Path(__file__).parent / "fixtures" / "eval.json").read_bytes())
+    span = Span(ticks=100, client_ticks=20, client_worst_ms=40.0, client_dominated=0,
+                client_at=[], input_tokens=0, seconds=50.0, dispersion=7.0, streams=16)
+    assert span.client_flag() and span.lockstep_flag()
+    faults, base = state.phases.faults, state.phases.baseline
+    faults.figures = msgspec.structs.replace(faults.figures, span=span)
+    base.figures = msgspec.structs.replace(base.figures, span=span)
+    rows = matrix.state_rows(state)
+    fault_rows = [r for r in rows if r.id.startswith("faults.") and "#" in r.id]
+    assert fault_rows and all(r.flags == (span.client_flag(),) for r in fault_rows)
+    ttft = next(r for r in rows if r.id == "baseline.ttft.p50")
+    assert span.lockstep_flag() in ttft.flags and span.client_flag() in ttft.flags
