@@ -195,7 +195,11 @@ def test_a_killed_eval_resumes_at_its_phase_and_compare_says_what_differs(full, 
     again = subprocess.run(eval_argv(sims[0], plan, out), capture_output=True, text=True,
                            timeout=240, stdin=subprocess.DEVNULL, cwd=ROOT)
     assert again.returncode == 2 and "holds an eval already" in again.stderr
-    again = subprocess.run([a for a in eval_argv(sims[0], plan, out) if "--plan" not in a],
+    resume = [a for a in eval_argv(sims[0], plan, out) if "--plan" not in a]
+    again = subprocess.run([*resume, "--repeat=2"], capture_output=True, text=True,
+                           timeout=60, stdin=subprocess.DEVNULL, cwd=ROOT)
+    assert again.returncode == 2 and "without --repeat" in again.stderr  # its plan is kept
+    again = subprocess.run(resume,
                            capture_output=True, text=True, timeout=240,
                            stdin=subprocess.DEVNULL, cwd=ROOT)
     assert again.returncode == 0, again.stderr[-3000:]

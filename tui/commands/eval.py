@@ -142,9 +142,10 @@ def built_eval(args: argparse.Namespace):
     try:
         state = load_state(out)
         if state is not None:
-            if args.plan is not None:
-                fail(f"{out} holds an eval already: run it again without --plan to resume "
-                     "it, or give another --out", prog=PROG)
+            if args.plan is not None or args.repeat is not None:
+                given = "--plan" if args.plan is not None else "--repeat"
+                fail(f"{out} holds an eval already, with its own plan: run it again without "
+                     f"{given} to resume it, or give another --out", prog=PROG)
             ev = resumed(state, cfg, out, _say, **kw)
             _say(f"eval: resuming {out} ({len(ev.results.ran())} phase(s) done)")
         else:
