@@ -46,6 +46,9 @@ class Judgement(StrEnum):
     WORSE = "worse"
     SAME = "same within noise"
     FACT = "not judged"  # better is None: the change is a fact (the knee's load)
+    # a latency taken at another load in each eval (the knee's, the long tail's): the
+    # change says what the load did as much as the server
+    OTHER_LOAD = "not judged: at another load"
     MISSING = "n/a"  # a side has no value
 
 
@@ -132,6 +135,8 @@ def judge(a: Row, b: Row) -> Change:
     to_zero = b.value == 0 and a.value != 0
     if a.better is None:
         return Change(Judgement.FACT, 0.0 if diff == 0 else pct, from_zero, to_zero)
+    if a.unit == "ms" and a.load != b.load:
+        return Change(Judgement.OTHER_LOAD, 0.0 if diff == 0 else pct, from_zero, to_zero)
     if diff == 0:
         return Change(Judgement.SAME, 0.0)
     noise = Noise.INTERVALS if _intervals(a, b) else Noise.BAND

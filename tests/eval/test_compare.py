@@ -124,6 +124,12 @@ def test_rows_are_matched_by_what_they_measure_when_the_loads_differ():
     assert [r.load for r in by_id["ramp.knee.output_tok_s"].rows] == ["2 streams", "6 streams"]
     text = compare.render(c, "text")
     assert "+200.0% not judged" in text and "8 streams" in text
+    # a latency at another load says what the load did as much as the server: not judged;
+    # the throughput at each side's knee is the capacity each server has: judged
+    ttft = by_id["ramp.knee.ttft.p99"]
+    assert ttft.changes[1].judgement is Judgement.OTHER_LOAD
+    assert by_id["baseline.ttft.p99"].changes[1].judgement is Judgement.OTHER_LOAD
+    assert by_id["ramp.knee.output_tok_s"].changes[1].judgement is not Judgement.OTHER_LOAD
 
 
 def test_a_row_in_one_eval_only_is_n_a_with_a_note():
@@ -228,7 +234,8 @@ def test_csv_and_json_have_every_row_with_each_evals_values():
              b["phases"]["baseline"]["figures"]["latency_ms"]["ttft"]["p99"]]
     assert [e["value"] for e in req["evals"]] == truth
     assert {"interval", "samples", "flags", "load", "repeats"} <= set(req["evals"][0])
-    assert req["against_first"][0]["judgement"] == "same within noise"
+    # B ran its baseline at 8 streams, A at 4: a latency at another load is not judged
+    assert req["against_first"][0]["judgement"] == "not judged: at another load"
     assert any("input_tokens" in d for d in doc["differences"])
     assert doc["noise"]["band_pct"] == compare.NOISE_BAND_PCT
 
