@@ -83,7 +83,7 @@ from loadgen.eval.results import (
     skipped,
     state_to_builtins,
 )
-from loadgen.eval.under_fault import FaultNotes, under_fault
+from loadgen.eval.under_fault import FAULT_TICK_S, FaultNotes, under_fault
 from loadgen.eval.validity import span_of
 from loadgen.model.notice import Notice
 from loadgen.record.rundir import write_json_atomic
@@ -508,7 +508,6 @@ async def faults(ev: Eval) -> PhaseResult:
     ), str(run_dir))
 
 
-FAULT_TICK_S = 0.25  # the faults phase's tick: a fault's effect dated within a quarter second
 CHAOS_AFTER_S = 5.0  # the server is killed this long after the network faults end
 CHAOS_WINDOW_S = 20.0  # load after the kill: the restart and the first success after it
 

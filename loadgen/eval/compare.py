@@ -57,6 +57,7 @@ class Noise(StrEnum):
 
     INTERVALS = "95 % intervals"
     BAND = "one-run band"
+    RESOLUTION = "the figure's resolution"  # a change within a tick of a time dated by ticks
     NONE = ""  # not judged by noise (a fact, a missing side, no change at all)
 
 
@@ -139,6 +140,8 @@ def judge(a: Row, b: Row) -> Change:
         return Change(Judgement.OTHER_LOAD, 0.0 if diff == 0 else pct, from_zero, to_zero)
     if diff == 0:
         return Change(Judgement.SAME, 0.0)
+    if abs(diff) <= max(a.resolution, b.resolution):  # within what the figure can tell
+        return Change(Judgement.SAME, pct, from_zero, to_zero, Noise.RESOLUTION)
     noise = Noise.INTERVALS if _intervals(a, b) else Noise.BAND
     if not _beyond_noise(a, b, pct):
         return Change(Judgement.SAME, pct, from_zero, to_zero, noise)
@@ -245,6 +248,9 @@ def _noise_notes(lines: Iterable[Line]) -> list[str]:
         band = f"{NOISE_BAND_PCT:g} %"
         out.append(f"one run each: differences of {band} or less are called the same within "
                    f"noise; --repeat N measures the noise")
+    if Noise.RESOLUTION in used:
+        out.append("a time dated by the tick or by a probe (a recovery, an MTTR): a change "
+                   "within one tick (or probe) is the same")
     return out
 
 

@@ -29,6 +29,7 @@ from loadgen.eval.results import (
     Results,
     UnderFault,
 )
+from loadgen.eval.under_fault import FAULT_TICK_S
 from loadgen.model import knee as knee_rules
 from loadgen.model import units
 from loadgen.model.outage import OUTAGE_MIN_S
@@ -60,6 +61,9 @@ class Row:
     # the SLO metric and statistic the value is ("ttft", "p99"): the plan's threshold on
     # them gives the row its verdict (judge)
     judged_as: tuple[str, str | None] | None = None
+    # the smallest difference the figure can tell (a time dated by the tick: its tick), in
+    # its unit: compare calls a change within it the same
+    resolution: float = 0.0
 
     @property
     def key(self) -> str:
@@ -348,7 +352,8 @@ def _faults(results: Results) -> Iterator[Row]:
         note = "no outage but the kill's: its MTTR is the next row"
     else:
         note = f"no outage (no failure held {units.duration(OUTAGE_MIN_S)})"
-    yield Row(dim, "MTTR of the outages seen", mttr, "s", "lower", note=note, id="faults.mttr")
+    yield Row(dim, "MTTR of the outages seen", mttr, "s", "lower", note=note, id="faults.mttr",
+              resolution=FAULT_TICK_S)
     if chaos is None:
         note = "not run: opt-in, --chaos-restart-cmd CMD"
     else:
@@ -356,7 +361,7 @@ def _faults(results: Results) -> Iterator[Row]:
         note = chaos.why or (f"from the kill to the first token after it: a probe every "
                              f"{every}, so late by at most {every}")
     yield Row(dim, "MTTR after a kill and restart", chaos and _given(chaos.mttr_s), "s", "lower",
-              note=note, id="faults.chaos.mttr")
+              note=note, id="faults.chaos.mttr", resolution=PROBE_EVERY_S)
 
 
 def _fault_rows(dim: str, fault: UnderFault, id_: str) -> Iterator[Row]:
@@ -384,6 +389,7 @@ def _fault_rows(dim: str, fault: UnderFault, id_: str) -> Iterator[Row]:
     if fault.fault in ("blackhole", "reset"):
         yield Row(dim, f"recovery after {name}", fault.recovery_s, "s", "lower",
                   note="" if fault.recovery_s is not None else "no success after it",
+                  resolution=FAULT_TICK_S,
                   id=f"{id_}.recovery")
 
 

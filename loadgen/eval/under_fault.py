@@ -15,6 +15,8 @@ from loadgen.model import units
 from loadgen.model.kinds import EventKind, Level
 from loadgen.record.rundir import iter_snapshots
 
+FAULT_TICK_S = 0.25  # the faults phase's tick: a fault's effect dated within a quarter second
+
 
 def under_fault(run_dir: Path, span: FaultSpan, tick_s: float) -> UnderFault:
     """While the fault was on: the requests that ended (success rate, errors by kind), the

@@ -318,3 +318,19 @@ def test_repeated_rows_show_their_interval_and_the_rule_that_judged_them():
     assert f"[{low:.3g} ms – {high:.3g} ms]" in text  # three figures, as every latency
     assert "the two 95 % intervals do not overlap" in text and "one run each" not in text
     assert "worse" in text.splitlines()[-1]
+
+
+def test_a_time_dated_by_the_tick_is_the_same_within_one_tick():
+    """Recovery after a fault is dated by the faults phase's 0.25 s tick: 0.02 s against
+    0.24 s (+1100 %) is one tick's difference, the same; 0.02 against 0.60 is not."""
+    from loadgen.eval.under_fault import FAULT_TICK_S
+
+    def recovery(value: float) -> Row:
+        return Row("stability under faults", "recovery after resets", value, "s", "lower",
+                   id="faults.reset#1.recovery", resolution=FAULT_TICK_S)
+
+    assert compare.judge(recovery(0.02), recovery(0.24)).judgement is Judgement.SAME
+    assert compare.judge(recovery(0.02), recovery(0.60)).judgement is Judgement.WORSE
+    rows = matrix.state_rows(state_from_builtins(raw("eval")))
+    assert next(r for r in rows if r.id.endswith(".recovery")).resolution == FAULT_TICK_S
+
