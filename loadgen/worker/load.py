@@ -11,14 +11,15 @@ and TTFT measures that lock-step, not a server under steady load (598 ms against
 68 ms for the same server with varied lengths). So several streams started
 together are spread out, as Locust and k6 ramp their users: by default (auto) the
 first goes at once and measures one request's time, and each of the others starts
-at a random moment within that time. That time was measured before the others ran, so
-under their load a request takes longer and the starts would cover only part of it:
-so, once, after its first request (which ran under the group's load), each stream
-waits a random moment within that request's time, which spreads the streams evenly
-over a round whatever its length (one delay uniform over a period makes the phase
-uniform). `--stagger S` spreads them over S seconds, once, and `--stagger 0` starts
-them all at once. One stream added alone (`+`) starts at once, and the same spread
-applies when a paused load resumes.
+at a random moment within that time. Started from nothing running, that time was
+measured alone, so under the others' load a request takes longer and the starts would
+cover only part of it: so, once, after its first request (which ran under the group's
+load), each of the others waits a random moment within that request's time, which
+spreads the streams evenly over a round whatever its length (one delay uniform over a
+period makes the phase uniform). Streams added to running ones are spread over a time
+measured under load, and need no more. `--stagger S` spreads them over S seconds, once,
+and `--stagger 0` starts them all at once. One stream added alone (`+`) starts at once,
+and the same spread applies when a paused load resumes.
 
 Open loop over several workers: the process at the server must be the one
 asked for whatever the worker count (a constant 10 req/s split as four
@@ -162,10 +163,18 @@ class ClosedLoop:
         new = [uid for uid in range(self.target)
                if (old := self._users.get(uid)) is None or old.done()]
         spread = len(new) > 1  # one stream added alone has nothing to be in step with
+        # from nothing running, the auto window is a request's time alone: re-phase once
+        # (see the module's docstring); added to running streams, it was measured under load
+        rephase = spread and self.stagger.spread is None and len(new) == len(self._alive())
         for uid in new:
-            task = asyncio.create_task(self._user(uid, spread), name=f"user-{uid}")
+            task = asyncio.create_task(self._user(uid, spread, rephase), name=f"user-{uid}")
             self._users[uid] = task
             task.add_done_callback(self._forget)
+
+    def _alive(self) -> list[int]:
+        """The users to be running once set_target's new ones are (those not done)."""
+        return [uid for uid in range(self.target)
+                if (t := self._users.get(uid)) is None or not t.done()]
 
     def _forget(self, task: asyncio.Task) -> None:
         uid = int(task.get_name().removeprefix("user-"))
@@ -179,17 +188,17 @@ class ClosedLoop:
         else:
             self._running.set()
 
-    async def _user(self, uid: int, spread: bool) -> None:
+    async def _user(self, uid: int, spread: bool, rephase: bool = False) -> None:
         first, cap = RECONNECT_BACKOFF_S
         backoff = first
-        rephase = spread and self.stagger.spread is None
         if spread:
-            await self._spread()
+            # the first of the group (no wait: it measures) is what the others are spread
+            # against, so it is not re-phased
+            rephase = await self._spread() > 0 and rephase
         while uid < self.target and not self._stopping:
             if not self._running.is_set():
                 await self._running.wait()
                 await self._spread()  # the whole group resumes at once: spread it again
-                rephase = self.stagger.spread is None
                 continue
             t0 = perf_counter()
             if await self._send_one(uid):
@@ -206,11 +215,13 @@ class ClosedLoop:
                 await asyncio.sleep(backoff)
                 backoff = min(cap, backoff * 2)
 
-    async def _spread(self) -> None:
-        """Wait a random moment within the stagger's window (or less if the loop stops)."""
+    async def _spread(self) -> float:
+        """Wait a random moment within the stagger's window (or less if the loop stops); the
+        window (0: this one went at once)."""
         window = await self.stagger.window()
         if window > 0 and not self._stopping:
             await self._sleep(self.stagger.rng.uniform(0.0, window))
+        return window
 
     async def _sleep(self, seconds: float) -> None:
         """Wait `seconds`, or less if the loop stops meanwhile."""
