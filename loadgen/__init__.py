@@ -19,7 +19,7 @@ built"; the rule is tests/test_layout.py):
     run/       one run, from RunConfig to exit code (model, worker, record, fleet, sim,
                probes): session, coordinator, steering, pool, config, secrets, preflight,
                embedded_sim, resume, ramp, auto_ramp, watch, sinks, summary, headless,
-               run_process, heap
+               run_process, child (a child process on a JSON-lines pipe), heap
     analysis/  what runs leave behind (run and below): soak, soak_result, outage_views,
                report, compare, sweep, calibrate
     eval/      the evaluation battery (analysis and below): phases, plan, battery, results,

@@ -26,11 +26,10 @@ run's events reach it in its Snapshots already.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -38,14 +37,19 @@ import msgspec
 
 from loadgen.eval.phases import ABOUT, PHASES, Phase
 from loadgen.model.notice import Notice
-from loadgen.model.snapshot import Control, Snapshot
+from loadgen.model.snapshot import Control
 from loadgen.model.source import RunOutcome, SourceError, SourceStatus
-from loadgen.model.windows import SnapshotWindows
+from loadgen.run.child import (
+    Fatal,
+    PipedChild,
+    Said,
+    SnapshotMsg,
+    ToConsole,
+    encode,
+    run_child,
+)
 from loadgen.run.config import RunConfig
-from loadgen.run.run_process import Fatal, Said, SnapshotMsg, how_it_ended
 from loadgen.run.secrets import Secrets
-from loadgen.run.sinks import RunHandle
-from loadgen.worker import eventloop
 
 log = logging.getLogger("tokentop.eval_process")
 
@@ -114,7 +118,6 @@ class Finished(msgspec.Struct, tag="finished"):
 
 EvalMsg = Ready | Fatal | Said | EvalProgress | SnapshotMsg | Finished
 _decode_msg = msgspec.json.Decoder(EvalMsg).decode
-_encode = msgspec.json.Encoder().encode
 
 
 @runtime_checkable
@@ -147,26 +150,22 @@ def progress_now(p: EvalProgress, now: float) -> EvalProgress:
                                    at=now)
 
 
-class EvalProcess:
+class EvalProcess(PipedChild):
     """A SnapshotSource backed by an eval in a child process (`tokentop eval` in a
     terminal): the phase runs' Snapshots, and eval_progress() for the phase strip."""
 
+    program = "loadgen.eval.eval_process"
+    decode = staticmethod(_decode_msg)
+
     def __init__(self, start: EvalStart, *, clock: Callable[[], float] = time.time):
+        super().__init__(Path(start.out) / LINES_LOG)
         self.start_msg = start
         self.out = Path(start.out)
         self.clock = clock
-        self.proc: asyncio.subprocess.Process | None = None
         self._description = f"eval: {start.config.url or 'the embedded simulator'} → {start.out}"
         self._said: list[Notice] = []
         self._progress: EvalProgress | None = None
         self._outcome: EvalOutcome | None = None
-        self._snapshots: asyncio.Queue[Snapshot | SourceError | None] = asyncio.Queue()
-        self._reader: asyncio.Task | None = None
-        self._log: Any = None
-
-    @property
-    def log_path(self) -> Path:
-        return self.out / LINES_LOG
 
     # ---- what the console asks
 
@@ -191,46 +190,18 @@ class EvalProcess:
     # ---- the child
 
     async def start(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the child
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "loadgen.eval.eval_process",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=self._log,
-            start_new_session=True, limit=2**24)
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(_encode(self.start_msg) + b"\n")
-        msg = await self._next_message(timeout=START_SILENCE_S)
+        await self.spawn(self.start_msg)
+        msg = await self.next_message(timeout=START_SILENCE_S)
         if not isinstance(msg, Ready):
-            await self._reap()
+            await self.reap()
             raise SourceError(msg.message if isinstance(msg, Fatal) else
                               f"the eval did not start; see {self.log_path}")
         self._description = f"eval: {msg.target} → {self.out}"
-        self._reader = asyncio.create_task(self._read())
+        self.read_on()
 
-    async def _next_message(self, timeout: float | None = None) -> EvalMsg | None:
-        assert self.proc is not None and self.proc.stdout is not None
-        try:
-            async with asyncio.timeout(timeout):
-                line = await self.proc.stdout.readline()
-        except TimeoutError:
-            return None
-        return _decode_msg(line) if line else None
-
-    async def _read(self) -> None:
-        """Every message until the child's stdout closes; a child gone without Finished
-        died, and that is an outcome too, in words."""
-        try:
-            while (msg := await self._next_message()) is not None:
-                self._took(msg)
-        except (msgspec.DecodeError, ValueError) as e:  # a torn line: the child is dying
-            log.warning("the eval process sent a bad line: %s", e)
-        if self._outcome is None:
-            self._outcome = await self._died()
-        self._snapshots.put_nowait(None)
-
-    def _took(self, msg: EvalMsg) -> None:
+    def took(self, msg: EvalMsg) -> None:
         if isinstance(msg, SnapshotMsg):
-            self._snapshots.put_nowait(msg.snapshot)
+            self.queue(msg.snapshot)
         elif isinstance(msg, EvalProgress):
             self._progress = msg
         elif isinstance(msg, Said):
@@ -240,7 +211,16 @@ class EvalProcess:
             self._outcome = msg.outcome
             self._finished_progress(msg.outcome)
         elif isinstance(msg, Fatal):
-            self._snapshots.put_nowait(SourceError(msg.message))
+            self.queue(SourceError(msg.message))
+
+    def finished(self) -> bool:
+        return self._outcome is not None
+
+    async def died(self, how: str) -> None:
+        cmd = resume_command(self.out, self.start_msg.config.url)
+        self._outcome = EvalOutcome(state="died", code=1, message=(
+            f"eval: the eval process died ({how}); its lines are in {self.log_path}; "
+            f"resume with: {cmd}"))
 
     def _finished_progress(self, o: EvalOutcome) -> None:
         """The strip's last word: the eval's end, with its rows."""
@@ -253,61 +233,10 @@ class EvalProcess:
             phase_left_s=p.phase_left_s if o.state != "finished" else 0.0,
             eval_left_s=0.0 if o.state == "finished" else p.eval_left_s)
 
-    async def _died(self) -> EvalOutcome:
-        assert self.proc is not None
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(5.0):
-                await self.proc.wait()
-        how = how_it_ended(self.proc.returncode)
-        cmd = resume_command(self.out, self.start_msg.config.url)
-        return EvalOutcome(state="died", code=1, message=(
-            f"eval: the eval process died ({how}); its lines are in {self.log_path}; "
-            f"resume with: {cmd}"))
-
-    async def snapshots(self) -> AsyncIterator[Snapshot]:
-        while (item := await self._snapshots.get()) is not None:
-            if isinstance(item, SourceError):
-                raise item
-            yield item
-
-    async def control(self, msg: Control) -> None:
-        proc = self.proc
-        if proc is None or proc.stdin is None or proc.stdin.is_closing():
-            return
-        proc.stdin.write(_encode(msg) + b"\n")
-        with contextlib.suppress(ConnectionError):
-            await proc.stdin.drain()
-
     async def close(self) -> None:
         """Stop the eval as SIGINT does (resumably), wait for its outcome, and make sure the
         child is gone."""
-        await self.control(Control(op="stop", source="key"))
-        await self._reap(wait=STOP_WAIT_S)
-
-    async def _reap(self, wait: float = 5.0) -> None:
-        proc = self.proc
-        if proc is None:
-            return
-        if self._reader is None:  # not started: read its stdout to the end so it can exit
-            self._reader = asyncio.create_task(self._drain_unstarted())
-        try:
-            async with asyncio.timeout(wait):
-                await asyncio.shield(self._reader)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-        if proc.stdin is not None and not proc.stdin.is_closing():
-            proc.stdin.close()
-        await proc.wait()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._reader
-        if self._log is not None:
-            self._log.close()
-
-    async def _drain_unstarted(self) -> None:
-        with contextlib.suppress(Exception):
-            while await self._next_message() is not None:
-                pass
+        await self.stop(wait=STOP_WAIT_S)
 
 
 # ---- the child side ---------------------------------------------------------------------
@@ -324,29 +253,10 @@ class _Pipe:
         if self.gone:
             return
         try:
-            sys.stdout.buffer.write(_encode(msg) + b"\n")
+            sys.stdout.buffer.write(encode(msg) + b"\n")
             sys.stdout.buffer.flush()
         except (BrokenPipeError, ValueError):
             self.gone = True
-
-
-class ToConsole:
-    """The sink every phase run gets: each Snapshot down the pipe."""
-
-    def __init__(self, pipe: _Pipe) -> None:
-        self.pipe = pipe
-
-    async def start(self, run: RunHandle) -> None:
-        pass
-
-    def take(self, snap: Snapshot, windows: SnapshotWindows) -> None:
-        self.pipe.send(SnapshotMsg(snap))
-
-    def finish(self, summary: dict) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
 
 
 def _say_to(pipe: _Pipe) -> Callable[[str], None]:
@@ -459,7 +369,7 @@ async def _child() -> int:
     except (EvalError, PlanError) as e:
         pipe.send(Fatal(str(e)))
         return 2
-    ev.sinks_for = lambda name: [ToConsole(pipe)]
+    ev.sinks_for = lambda name: [ToConsole(pipe.send)]
     ev.on_phase = lambda i, name: pipe.send(phase_progress(ev, i, name, time.time()))
     pipe.send(Ready(target=start.config.url or "the embedded simulator",
                     done_before=len(ev.results.ran())))
@@ -482,10 +392,7 @@ async def _child() -> int:
 
 
 def main() -> int:
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
-    )
-    return eventloop.run(_child)
+    return run_child(_child)
 
 
 if __name__ == "__main__":

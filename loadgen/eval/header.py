@@ -76,17 +76,10 @@ class _Answer(Exception):
 
 
 async def _get_json(session: aiohttp.ClientSession, url: str, auth: str | None) -> dict:
-    headers = {"Authorization": auth} if auth else {}
     try:
-        async with session.get(url, headers=headers,
-                               timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as r:
-            if r.status != 200:
-                raise _Answer(f"HTTP {r.status}")
-            body = await r.json(content_type=None)
-    except _Answer:
-        raise
-    except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-        raise _Answer(describe_error(e)) from None
+        body = json.loads(await _text(session, url, auth))
+    except ValueError as e:
+        raise _Answer(f"not JSON ({e})") from None
     if not isinstance(body, dict):
         raise _Answer("not a JSON object")
     return body

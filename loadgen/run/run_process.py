@@ -29,24 +29,29 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 
 from loadgen.model.notice import Notice
-from loadgen.model.snapshot import Control, Snapshot, Target
+from loadgen.model.snapshot import Control, Target
 from loadgen.model.source import RunOutcome, SourceError, SourceStatus, Waiting
-from loadgen.model.windows import SnapshotWindows
+from loadgen.run.child import (
+    Fatal,
+    PipedChild,
+    Said,
+    SnapshotMsg,
+    ToConsole,
+    encode,
+    run_child,
+)
 from loadgen.run.config import RunConfig
 from loadgen.run.secrets import Secrets
 from loadgen.run.session import Session, SessionError
-from loadgen.run.sinks import RunHandle
-from loadgen.worker import eventloop
 from probes.host import HostProbe
 
 log = logging.getLogger("tokentop.run_process")
@@ -67,21 +72,9 @@ class WaitingMsg(msgspec.Struct, tag="waiting"):
     waiting: Waiting
 
 
-class Said(msgspec.Struct, tag="said"):
-    notice: Notice
-
-
 class Ready(msgspec.Struct, tag="ready"):
     target: Target
     run_dir: str | None = None
-
-
-class Fatal(msgspec.Struct, tag="fatal"):
-    message: str
-
-
-class SnapshotMsg(msgspec.Struct, tag="snapshot"):
-    snapshot: Snapshot
 
 
 class Finished(msgspec.Struct, tag="finished"):
@@ -90,28 +83,27 @@ class Finished(msgspec.Struct, tag="finished"):
 
 RunMsg = WaitingMsg | Said | Ready | Fatal | SnapshotMsg | Finished
 _decode_msg = msgspec.json.Decoder(RunMsg).decode
-_encode = msgspec.json.Encoder().encode
 
 
-class RunProcess:
+class RunProcess(PipedChild):
     """A SnapshotSource backed by a live run in a child process."""
+
+    program = "loadgen.run.run_process"
+    decode = staticmethod(_decode_msg)
 
     def __init__(self, cfg: RunConfig, secrets: Secrets | None = None, *, record: bool = True,
                  log_path: Path | None = None):
+        default_log = Path(tempfile.gettempdir()) / f"tokentop-run-{os.getpid()}.log"
+        super().__init__(log_path or default_log)
         self.cfg = cfg
         self.secrets = secrets or Secrets()
         self.record = record
-        default_log = Path(tempfile.gettempdir()) / f"tokentop-run-{os.getpid()}.log"
-        self.log_path = log_path or default_log
-        self.proc: asyncio.subprocess.Process | None = None
         self.target: Target | None = None
         self._description = f"live: {cfg.url or 'the embedded simulator'}"
         self._run_dir: str | None = None
         self._waiting: Waiting | None = None
         self._said: list[Notice] = []
         self._outcome: RunOutcome | None = None
-        self._snapshots: asyncio.Queue[Snapshot | SourceError | None] = asyncio.Queue()
-        self._reader: asyncio.Task | None = None
 
     def status(self) -> SourceStatus:
         return SourceStatus(kind="live", description=self._description, run_dir=self._run_dir,
@@ -119,47 +111,29 @@ class RunProcess:
                             said=tuple(self._said))
 
     async def start(self) -> None:
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the child
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "loadgen.run.run_process",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=self._log,
-            start_new_session=True,
-            limit=2**24,
-        )
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(_encode(Start(config=self.cfg, secrets=self.secrets,
-                                            record=self.record)) + b"\n")
+        await self.spawn(Start(config=self.cfg, secrets=self.secrets, record=self.record))
         while True:  # what it says while it waits for the target, until it is ready or not
-            msg = await self._next_message(timeout=START_SILENCE_S)
+            msg = await self.next_message(timeout=START_SILENCE_S)
             if isinstance(msg, Ready):
                 break
             if msg is None or isinstance(msg, Fatal):
-                await self._reap()
+                await self.reap()
                 raise SourceError(msg.message if msg is not None else
                                   f"the run did not start; see {self.log_path}")
-            self._took(msg)
+            self.took(msg)
         self.target = msg.target
         self._run_dir = msg.run_dir
         self._waiting = None
         self._description = f"live: {msg.target.url}"
-        self._reader = asyncio.create_task(self._read())
+        self.read_on()
 
-    async def _next_message(self, timeout: float | None = None) -> RunMsg | None:
-        assert self.proc is not None and self.proc.stdout is not None
-        try:
-            async with asyncio.timeout(timeout):
-                line = await self.proc.stdout.readline()
-        except TimeoutError:
-            return None
-        if not line:
-            return None
-        return _decode_msg(line)
-
-    def _took(self, msg: RunMsg) -> None:
-        """A message that is not a Snapshot: the run's state as status() tells it."""
-        if isinstance(msg, WaitingMsg):
+    def took(self, msg: RunMsg) -> None:
+        """A message: a Snapshot for the console, else the run's state as status() tells."""
+        if isinstance(msg, SnapshotMsg):
+            self.queue(msg.snapshot)
+        elif isinstance(msg, Fatal):
+            self.queue(SourceError(msg.message))
+        elif isinstance(msg, WaitingMsg):
             self._waiting = msg.waiting
         elif isinstance(msg, Said):
             if msg.notice.kind == "up":
@@ -169,91 +143,20 @@ class RunProcess:
         elif isinstance(msg, Finished):
             self._outcome = msg.outcome
 
-    async def _read(self) -> None:
-        """Every message until the child's stdout closes; one reader, so a close() while
-        the console still iterates cannot race it. A child gone without Finished died."""
-        try:
-            while (msg := await self._next_message()) is not None:
-                if isinstance(msg, SnapshotMsg):
-                    self._snapshots.put_nowait(msg.snapshot)
-                elif isinstance(msg, Fatal):
-                    self._snapshots.put_nowait(SourceError(msg.message))
-                else:
-                    self._took(msg)
-        except (msgspec.DecodeError, ValueError) as e:  # a torn line: the child is dying
-            log.warning("the run process sent a bad line: %s", e)
-        if self._outcome is None:
-            self._outcome = await self._died()
-        self._snapshots.put_nowait(None)
+    def finished(self) -> bool:
+        return self._outcome is not None
 
-    async def _died(self) -> RunOutcome:
+    async def died(self, how: str) -> None:
         """The outcome of a child that ended without a word: how it ended, in words."""
-        assert self.proc is not None
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(5.0):
-                await self.proc.wait()
-        how = how_it_ended(self.proc.returncode)
         where = f"; its recording in {self._run_dir} is interrupted" if self._run_dir else ""
         reason = f"the run process died ({how}) before it finished the run{where}"
-        return RunOutcome(code=1, reason=reason, line=reason, run_dir=self._run_dir,
-                          ending="died")
-
-    async def snapshots(self) -> AsyncIterator[Snapshot]:
-        while (item := await self._snapshots.get()) is not None:
-            if isinstance(item, SourceError):
-                raise item
-            yield item
-
-    async def control(self, msg: Control) -> None:
-        proc = self.proc
-        if proc is None or proc.stdin is None or proc.stdin.is_closing():
-            return
-        proc.stdin.write(_encode(msg) + b"\n")
-        with contextlib.suppress(ConnectionError):
-            await proc.stdin.drain()
+        self._outcome = RunOutcome(code=1, reason=reason, line=reason, run_dir=self._run_dir,
+                                   ending="died")
 
     async def close(self) -> None:
         """Ask for a clean stop, wait for the drain and the outcome, and make sure the child
         is gone."""
-        await self.control(Control(op="stop", source="key"))
-        await self._reap(wait=self.cfg.drain_grace + 10.0)
-
-    async def _reap(self, wait: float = 5.0) -> None:
-        proc = self.proc
-        if proc is None:
-            return
-        if self._reader is None:  # not started: keep its stdout flowing so it can exit
-            self._reader = asyncio.create_task(_discard(proc.stdout))
-        try:
-            async with asyncio.timeout(wait):
-                await asyncio.shield(self._reader)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-        if proc.stdin is not None and not proc.stdin.is_closing():
-            proc.stdin.close()
-        await proc.wait()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._reader
-        self._log.close()
-
-
-def how_it_ended(returncode: int | None) -> str:
-    if returncode is None:
-        return "it no longer answers"
-    if returncode < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-returncode).name}"
-        return f"killed by signal {-returncode}"
-    return f"exit status {returncode}"
-
-
-async def _discard(stream: asyncio.StreamReader | None) -> None:
-    if stream is None:
-        return
-    with contextlib.suppress(Exception):
-        while await stream.read(65536):
-            pass
+        await self.stop(wait=self.cfg.drain_grace + 10.0)
 
 
 # ---- the child side ---------------------------------------------------------------------
@@ -269,7 +172,7 @@ async def _child() -> int:
     out = sys.stdout.buffer
 
     def send(msg: msgspec.Struct) -> None:
-        out.write(_encode(msg) + b"\n")
+        out.write(encode(msg) + b"\n")
         out.flush()
 
     try:
@@ -338,25 +241,6 @@ class ToConsoleSay:
                 await asyncio.sleep(WAITING_BEAT_S)
 
 
-class ToConsole:
-    """The sink that is the console: every Snapshot down the pipe."""
-
-    def __init__(self, send: Send) -> None:
-        self.send = send
-
-    async def start(self, run: RunHandle) -> None:
-        pass
-
-    def take(self, snap: Snapshot, windows: SnapshotWindows) -> None:
-        self.send(SnapshotMsg(snap))
-
-    def finish(self, summary: dict) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-
 async def _read_controls(reader: asyncio.StreamReader, session: Session) -> None:
     while line := await reader.readline():
         try:
@@ -373,10 +257,7 @@ async def _read_controls(reader: asyncio.StreamReader, session: Session) -> None
 
 
 def main() -> int:
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
-    )
-    return eventloop.run(_child)
+    return run_child(_child)
 
 
 if __name__ == "__main__":

@@ -210,7 +210,7 @@ async def test_the_eval_stops_when_the_console_goes_away(tmp_path: Path) -> None
         code = await source.proc.wait()
     assert code == 130
     assert set(_phases(tmp_path / "out")) == {"baseline", "ramp"}
-    await source._reap()
+    await source.reap()
 
 
 # ---- the lines --------------------------------------------------------------------------
