@@ -65,10 +65,6 @@ class Row:
     # its unit: compare calls a change within it the same
     resolution: float = 0.0
 
-    @property
-    def key(self) -> str:
-        return self.id
-
 
 def rows(results: Results, slo: str | None = None) -> list[Row]:
     """Every row, in the phases' order; with the plan's `slo`, each row a whole-run threshold
