@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import tokentop
 
 from loadgen.eval import compare, matrix
 from loadgen.eval.compare import Judgement
 from loadgen.eval.matrix import Row
 from loadgen.eval.results import GpuInfo, Header, state_from_builtins
-from tests.support import tokentop
 
 FIXTURES = Path(__file__).parent / "fixtures"
 T_975_DF4 = 2.7764451051977987  # Student's t, 97.5th percentile, 4 degrees of freedom
