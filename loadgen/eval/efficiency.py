@@ -140,8 +140,11 @@ def _kv_tick(snap: Snapshot) -> _KvTick | None:
     if m is None or not _has_kv(m) or m.kv_cache_usage is None or m.kv_pool_tokens is None:
         return None  # (the last two for the type checker: _has_kv said so)
     per_token = m.kv_pool_bytes / m.kv_pool_tokens / 1e6 if m.kv_pool_bytes else None
+    # the requests the KV is held for: the engine's running count from the same scrape
+    # (the client's in flight is a scrape's age apart, and counts requests on the wire)
+    requests = round(m.running) if m.running is not None else snap.load.in_flight
     return _KvTick(t=snap.t, tokens=m.kv_cache_usage * m.kv_pool_tokens,
-                   mb_per_token=per_token, in_flight=snap.load.in_flight)
+                   mb_per_token=per_token, in_flight=requests)
 
 
 def _source(m: ServerMetrics | None) -> str:
