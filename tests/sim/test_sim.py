@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import statistics
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -746,6 +747,7 @@ async def test_exact_timing_mode(http: aiohttp.ClientSession) -> None:
         # six at once through one slot: the scheduler is bypassed, nobody queues
         results = await asyncio.gather(*(one() for _ in range(6)))
         m = await scrape(http, sim)
+    role_gaps_ms = []
     for ttft, content, every in results:
         assert len(content) == 12
         assert len(every) == 12 + 3  # role, 12 tokens, finish, usage: all stamped
@@ -756,8 +758,11 @@ async def test_exact_timing_mode(http: aiohttp.ClientSession) -> None:
         # each send lands within the event loop's timer resolution (1 ms) of its deadline
         assert sorted(gaps_ms)[len(gaps_ms) // 2] == pytest.approx(itl_ms, abs=1.0)
         assert all(0 < g < itl_ms + 8.0 for g in gaps_ms)
-        # role chunk is written on arrival: first content exactly TTFT after it
-        assert (content[0] - every[0]) / 1e6 == pytest.approx(ttft_ms, abs=1.5)
+        # role chunk is written on arrival: first content TTFT after it, each within the
+        # busy machine's lateness (either write may be late), typically within the timer's
+        role_gaps_ms.append((content[0] - every[0]) / 1e6)
+        assert role_gaps_ms[-1] == pytest.approx(ttft_ms, abs=8.0)
+    assert statistics.median(role_gaps_ms) == pytest.approx(ttft_ms, abs=2.0)
     assert m["vllm:generation_tokens_total"] == 6 * 12
     assert m["vllm:time_to_first_token_seconds_count"] == 6
     assert m["vllm:num_requests_running"] == 0
