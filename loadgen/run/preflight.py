@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from loadgen.model.notice import Notice, Say
+from loadgen.model.text import plain
 from loadgen.worker.tokenizer import (
     TOKENIZER_CHOICES,
     Lengths,
@@ -65,13 +66,21 @@ async def resolve_model(
     return model
 
 
+PROBE_TIMEOUT_S = 10.0  # how long GET /models may take before the target counts as silent
+MODEL_ID_LIMIT = 200  # characters of a served model id kept (outside text, made plain)
+
+
 async def list_models(
-    session: aiohttp.ClientSession, base_url: str, authorization: str | None
+    session: aiohttp.ClientSession, base_url: str, authorization: str | None,
+    timeout: float = PROBE_TIMEOUT_S,
 ) -> list[str]:
+    """The served model ids, made plain where they enter (a server's text: an escape
+    sequence in one must not reach a terminal or a file)."""
     url = f"{base_url}/models"
     headers = {"Authorization": authorization} if authorization else {}
     try:
-        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as r:
+        async with session.get(url, headers=headers,
+                               timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             if r.status in (401, 403):
                 raise TargetError(
                     f"{base_url} refused the API key (HTTP {r.status}); "
@@ -90,16 +99,18 @@ async def list_models(
         reason = _why(e)
         raise Unreachable(f"cannot reach {base_url}: {reason}", reason) from None
     except TimeoutError:
-        raise Unreachable(f"no answer from {base_url} within 10 s", "no answer") from None
-    except (aiohttp.ClientError, ValueError) as e:
-        raise TargetError(f"{base_url} did not answer like an OpenAI server: {e}") from None
+        raise Unreachable(f"no answer from {base_url} within {timeout:.3g} s",
+                          "no answer") from None
+    except (aiohttp.ClientError, ValueError) as e:  # its words may quote the server's
+        raise TargetError(f"{base_url} did not answer like an OpenAI server: "
+                          f"{plain(e, MODEL_ID_LIMIT)}") from None
     data = body.get("data") if isinstance(body, dict) else None
     if not isinstance(data, list):
         raise TargetError(
             f"{base_url} does not look like an OpenAI-compatible API: "
             "GET /models did not return a model list"
         )
-    return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
+    return [plain(m["id"], MODEL_ID_LIMIT) for m in data if isinstance(m, dict) and "id" in m]
 
 
 def _why(e: aiohttp.ClientConnectorError) -> str:
@@ -112,6 +123,7 @@ def _why(e: aiohttp.ClientConnectorError) -> str:
 
 
 PROBE_EVERY_S = 2.0  # while the target does not answer, how often to ask again
+LAST_PROBE_S = 0.25  # the least a probe is given: how far past its bound a wait may end
 
 
 async def wait_for_target(base_url: str, authorization: str | None, say: Say,
@@ -119,16 +131,22 @@ async def wait_for_target(base_url: str, authorization: str | None, say: Say,
     """Return as soon as anything answers at `base_url` (whether it is the right server is
     resolve_model's to say). While nothing does, say so once and ask again every `every` s;
     after `give_up_after` s (None: never) raise TargetError, so a wrong URL in a script
-    ends instead of hanging. Said again once it answers."""
+    ends instead of hanging. Said again once it answers.
+
+    The bound holds probes included: no probe outlives the wait (a listener that accepts
+    and never answers gets what is left of it, at least LAST_PROBE_S), so the wait ends
+    by `give_up_after` + LAST_PROBE_S."""
     started = time.monotonic()
+    deadline = None if give_up_after is None else started + give_up_after
     waiting = False
     async with aiohttp.ClientSession() as session:
         while True:
             try:
-                await list_models(session, base_url, authorization)
+                await list_models(session, base_url, authorization,
+                                  timeout=_probe_timeout(deadline))
             except Unreachable as e:
                 waited = time.monotonic() - started
-                left = None if give_up_after is None else give_up_after - waited
+                left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TargetError(f"{e}; gave up after waiting {waited:.0f} s" if waiting
                                       else str(e)) from None
@@ -145,6 +163,14 @@ async def wait_for_target(base_url: str, authorization: str | None, say: Say,
                 say(Notice("up", f"{base_url} answers after {time.monotonic() - started:.0f} s; "
                            "starting the run"))
             return
+
+
+def _probe_timeout(deadline: float | None) -> float:
+    """A probe's time: PROBE_TIMEOUT_S, but never past the wait's deadline (LAST_PROBE_S at
+    the least: a probe of no time would be no probe)."""
+    if deadline is None:
+        return PROBE_TIMEOUT_S
+    return min(PROBE_TIMEOUT_S, max(deadline - time.monotonic(), LAST_PROBE_S))
 
 
 # ---- --tokenizer: exact lengths by a local tokenizer or the server's /tokenize ---------------
