@@ -30,10 +30,12 @@ import aiohttp
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadgen.model.text import plain
 from probes import server_metrics
 from probes.server_metrics import describe_error
 
 MIB = 1024 * 1024
+LABEL_LIMIT = 120  # characters of a label's text kept (a GPU's model name, a host name)
 
 # DCGM's blank values (dcgm_structs.h): the base and the +1..+15 above it (not found, not
 # supported, no permission, ...) all mean "no value". Integer fields use the int64 base,
@@ -163,7 +165,7 @@ def _label(labels: dict[str, str], name: str) -> str | None:
     value = labels.get(name)
     if value is None:
         value = labels.get(name.lower())
-    return value or None
+    return (plain(value, LABEL_LIMIT) or None) if value else None  # the exporter's text
 
 
 def _value(spec: _Field, raw: float) -> float | int | None:
@@ -211,9 +213,9 @@ class DcgmProbe:
         except (server_metrics.HttpStatus, DcgmError) as exc:
             return DcgmSample(url=self.url, ok=False, error=str(exc))
         except Exception as exc:  # connection refused, timeouts, resets: in words
-            return DcgmSample(url=self.url, ok=False, error=describe_error(exc))
+            return DcgmSample(url=self.url, ok=False, error=plain(describe_error(exc), 200))
 
 
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
-    return (lines[0] if lines else type(exc).__name__)[:200]
+    return plain(lines[0] if lines else type(exc).__name__, 200)

@@ -41,6 +41,7 @@ import numpy as np
 import psutil
 
 from loadgen.model.snapshot import Event, ProcessSample
+from loadgen.model.text import plain
 from loadgen.model.trend import MIN_SLOPE_SPAN_S
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ DEFAULT_NAMES = (
 # Launchers whose child listens on the port: watch the launcher (and so every child).
 _LAUNCHERS = ("text-generation-launcher",)
 
+NAME_LIMIT = 64  # characters of a process's name kept
 REFIND_PERIOD_S = 5.0  # how often to look for a process that is not (or no longer) there
 CHILDREN_PERIOD_S = 5.0  # how often to list children (a walk over all of /proc)
 
@@ -423,8 +425,9 @@ def _create_time(proc: psutil.Process) -> float:
 
 
 def _name(proc: psutil.Process) -> str | None:
+    """The process's name, plain: whoever started it chose it (escape sequences included)."""
     try:
-        return proc.name()
+        return plain(proc.name(), NAME_LIMIT)
     except psutil.Error:
         return None
 

@@ -24,9 +24,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from loadgen.model.snapshot import ServerMetrics
+from loadgen.model.text import plain
 from probes.engines import collect_histograms, detect_engine, map_fields
 
 TIMEOUT_S = 2.0
+ERROR_LIMIT = 200  # characters of a failed scrape's words (they may quote the server)
+LABEL_LIMIT = 60  # characters of a label value in an unknown engine's gauge names
 
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 GENERIC_MAX = 20  # gauges shown for an engine we do not know
@@ -64,7 +67,8 @@ def parse_page(text: str, url: str) -> Page:
         families = list(text_string_to_metric_families(text))
     except Exception as exc:  # the parser raises ValueError and friends on non-metrics text
         return Page(
-            ServerMetrics(url=url, ok=False, error=f"not Prometheus text: {_first_line(exc)}")
+            ServerMetrics(url=url, ok=False,
+                          error=f"not Prometheus text: {plain(_first_line(exc), ERROR_LIMIT)}")
         )
     samples = [s for family in families for s in family.samples]
     engine = detect_engine(s.name for s in samples)
@@ -166,10 +170,11 @@ def _generic(families: list) -> dict[str, float]:
         several = len(family.samples) > 1
         for s in family.samples:
             key = s.name
-            if several and s.labels:
-                key += "{" + ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items())) + "}"
+            if several and s.labels:  # the server's label values: plain, short
+                key += "{" + ",".join(f'{k}="{plain(v, LABEL_LIMIT)}"'
+                                      for k, v in sorted(s.labels.items())) + "}"
             if math.isfinite(s.value):
-                picked.append((s.name.startswith(_BORING), key, float(s.value)))
+                picked.append((s.name.startswith(_BORING), plain(key), float(s.value)))
     picked.sort(key=lambda p: p[0])  # stable: page order within each group
     return {key: value for _, key, value in picked[:GENERIC_MAX]}
 
@@ -322,8 +327,9 @@ class ServerMetricsProbe:
             text = await fetch_page(self._session, self.url, self._headers)
         except HttpStatus as exc:
             page = Page(ServerMetrics(url=self.url, ok=False, error=str(exc)))
-        except Exception as exc:
-            page = Page(ServerMetrics(url=self.url, ok=False, error=describe_error(exc)))
+        except Exception as exc:  # the words may quote the server (a reason, a header)
+            page = Page(ServerMetrics(url=self.url, ok=False,
+                                      error=plain(describe_error(exc), ERROR_LIMIT)))
         else:
             # Parsing a large page costs a few ms; still cheap enough per tick.
             page = parse_page(text, self.url)

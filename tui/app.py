@@ -25,6 +25,7 @@ from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Grid
+from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer
 
@@ -166,6 +167,12 @@ class TokentopApp(App[None]):
                 tooltip="help: the keys, and what the colours mean"),
         Binding("q", "quit", "quit", tooltip="stop the load and quit (asks once if running)"),
     ]
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """A toast, never read as markup: what it says may quote a server, an agent, a file
+        (a model id of "[red]x[/red]" is shown as written)."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     def __init__(
         self,

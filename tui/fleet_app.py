@@ -26,12 +26,14 @@ from typing import ClassVar
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
+from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Static
 
 from loadgen.fleet.link import BrokerSettings
 from loadgen.fleet.monitor import FleetMonitor
 from loadgen.model.source import SourceError
 from themes import DEFAULT_THEME, register_themes
+from tui.format import literal
 from tui.widgets.fleet_table import FLEET_KEY, FleetTable
 
 
@@ -53,6 +55,12 @@ class FleetApp(App[str | None]):
         Binding("a", "toggle_all", "All agents"),
         Binding("q", "quit_fleet", "Quit"),
     ]
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """A toast, never read as markup: what it says may quote a server, an agent, a file
+        (a model id of "[red]x[/red]" is shown as written)."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     def __init__(self, monitor: FleetMonitor, *, refresh: float = 1.0,
                  theme: str | None = None) -> None:
@@ -77,7 +85,7 @@ class FleetApp(App[str | None]):
 
     def _redraw(self) -> None:
         m = self.monitor
-        link = "connected" if m.connected else f"[red]{m.last_error or 'connecting…'}[/]"
+        link = "connected" if m.connected else f"[red]{literal(m.last_error or 'connecting…')}[/]"
         target = "[b reverse] ALL AGENTS [/]" if self.all_agents else "selected agent"
         self.query_one("#fleet-header", Static).update(
             f"fleet [b]{m.fleet}[/b] · {m.settings.display} · {link} · control: {target}")

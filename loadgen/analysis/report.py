@@ -54,6 +54,7 @@ from loadgen.analysis.soak_result import Slope, SoakResult
 from loadgen.model import hdr, trend, units
 from loadgen.model.slo import parse_slos
 from loadgen.model.snapshot import Snapshot
+from loadgen.model.text import plain, plain_all
 from loadgen.model.trend import MIN_SLOPE_SPAN_S
 from loadgen.record.rundir import (
     INTERRUPTED,
@@ -66,6 +67,7 @@ from loadgen.record.rundir import (
     run_state,
 )
 
+CELL_LIMIT = 200  # characters of a recorded event's words in a table cell
 PLOTS = ("throughput", "latency", "queue", "gpu", "server_rss")
 STATUS_TEXT = {
     RUNNING: "running (a tokentop process is still writing it: this covers it so far)",
@@ -188,8 +190,8 @@ class FaultSpans:
 
 
 def _cell(text: str) -> str:
-    """Text from a file, fit for a table cell and a terminal: printable, no `|`."""
-    return "".join(c if c.isprintable() and c != "|" else " " for c in text)[:200]
+    """Text from a file, fit for a table cell and a terminal: plain, no `|`."""
+    return plain(text.replace("|", " "), CELL_LIMIT)
 
 
 class Report(SoakResult, kw_only=True):
@@ -288,7 +290,10 @@ def soak_report(run_dir: Path | str, *, slo: str | None = None, bucket_s: float 
             "gpus", "gpu_source", "resumes", "recording_stopped")},
         status=STATUS_TEXT.get(state, state) + ("" if manifest else "; no manifest.json"),
         slo=slo, warnings=warnings)
-    return result, analyzer
+    # a recording is outside text (another machine's, an older tokentop's, edited): every
+    # string it gave the report (the model, event words, warnings quoting a line) is made
+    # plain here, once, before the summary, report.md, report.json or a plot label has it
+    return plain_all(result), analyzer
 
 
 # ---- text -------------------------------------------------------------------------------------

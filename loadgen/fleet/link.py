@@ -139,9 +139,14 @@ def parse_broker_url(url: str) -> BrokerSettings:
     return BrokerSettings(host=parts.hostname, port=port, tls=tls, username=user)
 
 
+def is_level(name: str) -> bool:
+    """Whether `name` may be a fleet's or an agent's name (check_level's rule)."""
+    return bool(_LEVEL.match(name)) and name != "all"
+
+
 def check_level(kind: str, name: str) -> str:
     """A fleet or agent name is one MQTT topic level: letters, digits, . _ -, at most 64."""
-    if not _LEVEL.match(name) or name == "all":
+    if not is_level(name):
         raise BrokerError(
             f"bad {kind} name {name!r}: use letters, digits, '.', '_' or '-' (at most 64, "
             "not 'all'), e.g. gpu-07"

@@ -37,11 +37,12 @@ import aiomqtt
 import msgspec
 import numpy as np
 
-from loadgen.fleet.link import BrokerSettings, MqttLink, check_level, topic
+from loadgen.fleet.link import BrokerSettings, MqttLink, check_level, is_level, topic
 from loadgen.fleet.publisher import decode_snapshot
 from loadgen.model import hdr
 from loadgen.model.snapshot import METRICS, Control, Snapshot
 from loadgen.model.source import SourceError, SourceStatus
+from loadgen.model.text import plain, plain_all
 
 log = logging.getLogger("tokentop.fleet")
 
@@ -51,6 +52,8 @@ RECENT = 240  # Snapshots kept per agent to fill a console that opens it (2 min 
 MISSING_CAP = 10_000
 REPLY_TIMEOUT_S = 3.0
 RESEND_EVERY_S = 1.0
+TEXT_LIMIT = 200  # characters kept of each string of an agent's status (its target, model)
+REASON_LIMIT = 300  # characters kept of an agent's reply (a refusal's reason)
 
 _json = msgspec.json.Encoder()
 
@@ -326,6 +329,11 @@ class FleetMonitor:
             return
         agent, kind = parts[2], "/".join(parts[3:])
         now = time.monotonic()
+        if not is_level(agent):  # no tokentop agent has such a name: it is not shown
+            self.bad_payloads += 1
+            log.warning("ignored a %s message from an agent named %r (not a tokentop "
+                        "agent name)", plain(kind, 40), plain(agent, 80))
+            return
         try:
             if kind == "snapshot":
                 self.take_snapshot(agent, decode_snapshot(payload), now)
@@ -338,7 +346,8 @@ class FleetMonitor:
                 self._take_reply(msgspec.json.decode(payload))
         except (ValueError, msgspec.DecodeError) as e:
             self.bad_payloads += 1
-            log.warning("ignored a bad %s message from %s: %s", kind, agent, e)
+            log.warning("ignored a bad %s message from %s: %s", plain(kind, 40), agent,
+                        plain(e, REASON_LIMIT))
 
     def take_snapshot(self, agent: str, snap: Snapshot, now: float | None = None) -> bool:
         st = self.agents.get(agent)
@@ -361,15 +370,15 @@ class FleetMonitor:
         if st is None:
             st = self.agents[agent] = AgentState(agent, window_s=self.window,
                                                  window=IntervalWindow(self.window))
-        st.status, st.status_at = status, now
+        st.status, st.status_at = plain_all(status, TEXT_LIMIT), now
         self.version += 1
 
     def _take_reply(self, reply: object) -> None:
         if not isinstance(reply, dict):
             raise ValueError("reply is not a JSON object")
         pending = self._pending.get(reply.get("id"))
-        if pending is not None:
-            pending[0].put_nowait(reply)
+        if pending is not None:  # an agent's words, shown by the console: plain, bounded
+            pending[0].put_nowait(plain_all(reply, REASON_LIMIT))
 
     # ---- what the console reads ------------------------------------------------------------
 

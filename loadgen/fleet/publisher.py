@@ -51,6 +51,7 @@ from paho.mqtt.properties import Properties
 from loadgen import __version__
 from loadgen.fleet.link import BrokerSettings, MqttLink, check_level, topic
 from loadgen.model.snapshot import Snapshot, from_json, to_json
+from loadgen.model.text import plain_all
 
 log = logging.getLogger("tokentop.publisher")
 
@@ -74,14 +75,17 @@ def encode_snapshot(snap: Snapshot) -> bytes:
 
 
 def decode_snapshot(payload: bytes | bytearray) -> Snapshot:
-    """A snapshot payload, zlib-compressed or plain JSON; raises ValueError / msgspec errors."""
+    """A snapshot payload, zlib-compressed or plain JSON, its text made plain; raises
+    ValueError / msgspec errors."""
     data = bytes(payload)
     if data[:1] != b"{":
         try:
             data = zlib.decompress(data)
         except zlib.error as e:
             raise ValueError(f"snapshot payload is neither JSON nor zlib: {e}") from None
-    return from_json(data)
+    # the bus is outside: every string of a Snapshot from it (another machine's model id,
+    # its events' words) is made plain here, before a console shows or records it
+    return plain_all(from_json(data))
 
 
 def snapshot_properties() -> Properties:

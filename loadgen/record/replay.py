@@ -37,6 +37,7 @@ from pathlib import Path
 
 from loadgen.model.snapshot import Control, Event, Snapshot
 from loadgen.model.source import ReplayStatus, SourceError, SourceStatus
+from loadgen.model.text import plain, plain_all
 from loadgen.record.rundir import (
     FINISHED,
     INTERRUPTED,
@@ -123,12 +124,13 @@ class ReplaySource:
         self.description = f"replay: {self.run_dir}"
 
     def _note(self, message: str) -> None:
+        message = plain(message)  # the reader may quote a line of the recording
         self.warnings.append(message)
         if self._warn is not None:
             self._warn(message)
 
     async def start(self) -> None:
-        self._manifest = check_replayable(self.run_dir)
+        self._manifest = plain_all(check_replayable(self.run_dir))
         last = last_snapshot(self.run_dir, warn=lambda _m: None)  # the reader warns itself
         self.length = max(self.length, last.elapsed if last is not None else 0.0)
         state = self._state()
@@ -249,7 +251,9 @@ class ReplaySource:
         writer is done; the end is asked *before* the poll, so that poll reads all there is."""
         while not self._stopped and self._seek_to is None:
             more = self.follow and still_written(self.run_dir)
-            batch = reader.poll()
+            # a recording is outside text (another tokentop's, an older one's, edited): every
+            # string in it is made plain as it is read, before the console shows it
+            batch = plain_all(reader.poll())
             if not more:
                 reader.finish()
                 self._ended(batch)
@@ -263,7 +267,7 @@ class ReplaySource:
         """The recording is over: say how the run ended, on its last Snapshot and in the
         description (a followed run that ended after its last Snapshot has only the latter)."""
         with contextlib.suppress(RunDirError):
-            self._manifest = read_manifest(self.run_dir) or self._manifest
+            self._manifest = plain_all(read_manifest(self.run_dir)) or self._manifest
         state = self._state()
         self.follow = False
         self._describe(state)

@@ -6,6 +6,7 @@ from textual.widgets import DataTable
 
 from loadgen.fleet.monitor import AgentRow
 from loadgen.model import units
+from tui.format import literal
 
 FLEET_KEY = "__fleet__"
 COLUMNS = (
@@ -36,6 +37,7 @@ def cells(row: AgentRow, *, fleet: bool = False) -> tuple[str, ...]:
     target = row.target or ("" if fleet else units.NA)
     if len(target) > 32:
         target = "…" + target[-31:]
+    target = literal(target)  # a cell's string is markup; the target is the agent's word
     name = f"[b]fleet ({row.agents})[/b]" if fleet else row.name
     return (name, state, target, conc, units.count(row.in_flight), units.rate(row.out_tok_s),
             units.rate(row.req_s), units.ms(row.ttft_p99_us), units.ms(row.itl_p99_us),
