@@ -582,30 +582,40 @@ def parse_args() -> argparse.Namespace:
         description="Compressed soak of the headless loop against a simulator: RSS of the "
         "consumer, each load worker and the simulator, slopes in MB per run-hour and per real "
         "hour, the report rewritten as it goes. Ctrl-C stops it and writes the report so far.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        epilog="The figure to quote is the consumer's MB per real hour after the warm-up (the "
+        "bound); the last half's slope beside the whole tells a heap still filling (it falls) "
+        "from a leak (it does not). A busy machine makes ticks late: the report says the "
+        "compression achieved and the load average.")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--hours", type=float,
-                        help="hours of a 0.5 s-tick run, compressed by 0.5 / --tick (2 at the "
-                        "default tick: 12 minutes of wall time)")
+                        help="run-hours: hours of a 0.5 s-tick run, compressed by 0.5 / --tick "
+                        "(2 at the default tick take 12 minutes of wall time)")
     length.add_argument("--minutes", type=float, help="wall time in minutes")
-    length.add_argument("--seconds", type=float, default=240.0, help="wall time in seconds")
+    length.add_argument("--seconds", type=float, default=240.0,
+                        help="wall time in seconds (default 240)")
     p.add_argument("--tick", type=float, default=0.05,
-                   help="the run's tick; 0.05 is 10× the Snapshots per hour of the default 0.5")
+                   help="the run's tick in seconds (default 0.05: 10× the Snapshots per hour "
+                   "of the default 0.5)")
     p.add_argument("--out", type=Path,
                    default=Path(tempfile.gettempdir()) / "tokentop-soak-memory.md",
-                   help="the report (markdown), rewritten atomically as the run goes")
+                   help="the report (markdown), rewritten atomically as the run goes (default "
+                   "%(default)s)")
     p.add_argument("--report-every", type=float, default=REPORT_EVERY_S, metavar="S",
-                   help="seconds between rewrites of the report")
-    p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--no-record", action="store_true")
+                   help="seconds between rewrites of the report (default 60)")
+    p.add_argument("--concurrency", type=int, default=64,
+                   help="closed-loop streams (default 64)")
+    p.add_argument("--workers", type=int, default=2, help="load worker processes (default 2)")
+    p.add_argument("--no-record", action="store_true",
+                   help="leave the recorder out (to tell its share)")
     p.add_argument("--no-windows", action="store_true",
                    help="leave the windows and the watch out (to tell their share)")
     p.add_argument("--tracemalloc", action="store_true",
                    help="trace Python allocations (slower): the traced total's slope, and the "
                    "sites that grew most between the warm-up's end and the load's end")
-    p.add_argument("--frames", type=int, default=4, help="traceback depth for --tracemalloc")
-    p.add_argument("--top", type=int, default=15, help="sites printed by --tracemalloc")
+    p.add_argument("--frames", type=int, default=4,
+                   help="traceback depth for --tracemalloc (default 4)")
+    p.add_argument("--top", type=int, default=15,
+                   help="sites printed by --tracemalloc (default 15)")
     p.add_argument("--malloc-info", metavar="PREFIX",
                    help="write glibc's malloc_info XML and CPython's allocator statistics "
                    "after the warm-up and at the end (PREFIX.warm.xml, PREFIX.end.xml, …)")
