@@ -19,6 +19,7 @@ broken StartTime line (`datetime.iso_format`), no tags, and never flushes.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from hdrh.histogram import HdrHistogram
 
@@ -60,3 +61,16 @@ def interval_line(tag: str, start_s: float, length_s: float, blob: str,
         max_us = max_value_us(blob)
     max_ms = max_us / MAX_VALUE_UNIT_RATIO
     return f"Tag={tag},{max(0.0, start_s):.3f},{length_s:.3f},{max_ms:.3f},{blob}\n".encode()
+
+
+def tick_lines(hist: Mapping[str, str], t: float, interval: float, start_time: float) -> bytes:
+    """One tick's lines, a metric a line in `hist`'s order: what the recorder appends for a
+    Snapshot (t, interval, hist) of a run that started at `start_time`, and what a resume
+    appends again for a tick whose lines a full disk or a kill cut short."""
+    start = t - interval - start_time
+    return b"".join(interval_line(metric, start, interval, blob) for metric, blob in hist.items())
+
+
+def tag_lines(data: bytes) -> list[bytes]:
+    """The interval lines (each with its newline) of a log's complete lines."""
+    return [line + b"\n" for line in data.split(b"\n") if line.startswith(b"Tag=")]

@@ -45,6 +45,7 @@ from loadgen.record.rundir import (
     RUNNING,
     STREAMS,
     WRITER_LOCK,
+    RunDirError,
     default_run_dir,
     last_snapshot,
     part_path,
@@ -187,6 +188,94 @@ def _truncate_torn_tail(path: Path) -> int:
         return size - keep
 
 
+def claim(run_dir: Path | str) -> _WriterLock:
+    """writer.lock of a run directory about to be resumed, taken before anything in it is
+    read (a second writer is refused before it reads a line), then its torn tails cut and
+    its latency log mended, so what is read next is whole. The caller releases the lock, or
+    hands it to Recorder.resume. RecordingError in words."""
+    run_dir = Path(run_dir)
+    if not (run_dir / MANIFEST).exists() and not parts(run_dir, "snapshots"):
+        try:  # not a run directory: its words, and no writer.lock left in it
+            read_manifest(run_dir)
+        except RunDirError as e:
+            raise RecordingError(f"cannot resume: {e}") from None
+    lock = _WriterLock(run_dir)
+    try:
+        index = last_part(run_dir)
+        for name in STREAMS:
+            path = part_path(run_dir, name, index)
+            if path.exists():
+                _truncate_torn_tail(path)
+        _mend_hlog(run_dir, index, read_manifest(run_dir).get("start_time"))
+    except (OSError, RunDirError) as e:
+        lock.release()
+        raise RecordingError(_why(e, "resuming", run_dir) + ": recording not resumed"
+                             if isinstance(e, OSError) else f"cannot resume: {e}") from None
+    return lock
+
+
+def last_part(run_dir: Path) -> int:
+    """The index of the parts written last (the three streams rotate together)."""
+    return max((len(found) - 1 for name in STREAMS if (found := parts(run_dir, name))),
+               default=0)
+
+
+class _Tick(msgspec.Struct):
+    """What a Snapshot line tells the latency log (the rest of it is not decoded)."""
+
+    t: float
+    interval: float
+    hist: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+_decode_tick = msgspec.json.Decoder(_Tick).decode
+
+
+def _mend_hlog(run_dir: Path, index: int, start_time: float | None) -> None:
+    """Append the latency lines of recorded ticks that the log of part `index` lacks.
+
+    A tick's Snapshot line is written before its latency lines, so a full disk or a kill
+    between the two leaves the log short of the last tick's lines, or of some of them (the
+    torn one already cut): the Snapshot still holds those histograms, and the log gets
+    them back in the same bytes the recorder would have written. A log that disagrees with
+    its Snapshots before that point is left as it is."""
+    snapshots = part_path(run_dir, "snapshots", index)
+    latency = part_path(run_dir, "latency", index)
+    if start_time is None or not snapshots.exists():
+        return
+    have = latency.read_bytes() if latency.exists() else b""
+    if hlog.LEGEND.encode() not in have:  # its header never made it whole
+        have = _hlog_header(start_time)
+        latency.write_bytes(have)
+    kept = hlog.tag_lines(have)
+    missing: list[bytes] = []
+    seen = 0  # latency lines the Snapshots so far account for
+    with open(snapshots, "rb") as f:
+        for raw in f:
+            try:
+                tick = _decode_tick(raw)
+            except msgspec.DecodeError:
+                continue  # a reader skips it too
+            if seen + len(tick.hist) <= len(kept) and not missing:
+                seen += len(tick.hist)
+                continue
+            lines = hlog.tick_lines(tick.hist, tick.t, tick.interval, start_time)
+            lines_of = lines.splitlines(keepends=True)
+            if not missing:  # the tick the log stops in: what it has must be its start
+                have_of = len(kept) - seen
+                if kept[seen:] != lines_of[:have_of]:
+                    return
+                lines_of = lines_of[have_of:]
+            missing += lines_of
+    if missing:
+        with open(latency, "ab") as f:
+            f.write(b"".join(missing))
+
+
+def _hlog_header(start_time: float) -> bytes:
+    return hlog.header(start_time, f"tokentop {__version__} latency log, µs")
+
+
 def host_info() -> dict:
     info: dict = {
         "hostname": socket.gethostname(),
@@ -279,11 +368,12 @@ class Recorder:
         return cls(run_dir, manifest, lock, **kw)
 
     @classmethod
-    def resume(cls, run_dir: Path | str, **kw) -> Recorder:
-        """Append to an existing run directory; a torn last line is cut off first."""
+    def resume(cls, run_dir: Path | str, *, lock: _WriterLock | None = None,
+               **kw) -> Recorder:
+        """Append to an existing run directory, under `lock` (claim()'s, taken before the
+        directory was read) or a lock taken now; torn tails are cut (claim())."""
         run_dir = Path(run_dir)
-        read_manifest(run_dir)  # first: a run directory? (no writer.lock left in any other)
-        lock = _WriterLock(run_dir)  # then: refused while its writer still runs
+        lock = lock or claim(run_dir)
         try:
             return cls._resume(run_dir, lock, **kw)
         except BaseException:
@@ -294,16 +384,7 @@ class Recorder:
     def _resume(cls, run_dir: Path, lock: _WriterLock, **kw) -> Recorder:
         manifest = read_manifest(run_dir)  # again, now that no one else can change it
         last = last_snapshot(run_dir, warn=lambda _m: None)
-        index = 0
-        for name in STREAMS:
-            found = parts(run_dir, name)
-            if found:
-                index = max(index, len(found) - 1)
         try:
-            for name in STREAMS:
-                path = part_path(run_dir, name, index)
-                if path.exists():
-                    _truncate_torn_tail(path)
             manifest.setdefault("resumes", []).append(
                 {"at": time.time(), "after_seq": last.seq if last else None,
                  "after_t": last.t if last else None}
@@ -314,7 +395,7 @@ class Recorder:
         except OSError as e:
             raise RecordingError(_why(e, "resuming", run_dir) + ": recording not resumed") \
                 from None
-        return cls(run_dir, manifest, lock, index=index, **kw)
+        return cls(run_dir, manifest, lock, index=last_part(run_dir), **kw)
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -325,7 +406,7 @@ class Recorder:
         self._part_started = time.monotonic()
         hl = self._streams["latency"]
         if hl.size == 0 and self._start_time is not None:
-            hl.write(hlog.header(self._start_time, f"tokentop {__version__} latency log, µs"))
+            hl.write(_hlog_header(self._start_time))
 
     def write(self, snap: Snapshot) -> None:
         """Append one tick; raises RecordingError (once) when it cannot."""
@@ -377,7 +458,7 @@ class Recorder:
         self.manifest["start_time"] = self._start_time
         hl = self._streams["latency"]
         if hl.size == 0:
-            hl.write(hlog.header(self._start_time, f"tokentop {__version__} latency log, µs"))
+            hl.write(_hlog_header(self._start_time))
 
     def _manifest_updates(self, snap: Snapshot) -> None:
         changed = False
@@ -400,11 +481,7 @@ class Recorder:
         if not snap.hist:
             return b""
         assert self._start_time is not None
-        start = snap.t - snap.interval - self._start_time
-        return b"".join(
-            hlog.interval_line(metric, start, snap.interval, blob)
-            for metric, blob in snap.hist.items()
-        )
+        return hlog.tick_lines(snap.hist, snap.t, snap.interval, self._start_time)
 
     def _rotation_due(self) -> bool:
         s = self._streams["snapshots"]
