@@ -81,7 +81,7 @@ def _why(e: OSError, action: str, path: Path) -> str:
     return f"cannot go on {action} {path}: {e.strerror or e}"
 
 
-class _WriterLock:
+class WriterLock:
     """writer.lock, held exclusive while this process writes the run (rundir.writer_alive).
 
     Its first line names the holder, for the refusal a second writer gets. While held it
@@ -188,7 +188,7 @@ def _truncate_torn_tail(path: Path) -> int:
         return size - keep
 
 
-def claim(run_dir: Path | str) -> _WriterLock:
+def claim(run_dir: Path | str) -> WriterLock:
     """writer.lock of a run directory about to be resumed, taken before anything in it is
     read (a second writer is refused before it reads a line), then its torn tails cut and
     its latency log mended, so what is read next is whole. The caller releases the lock, or
@@ -199,7 +199,7 @@ def claim(run_dir: Path | str) -> _WriterLock:
             read_manifest(run_dir)
         except RunDirError as e:
             raise RecordingError(f"cannot resume: {e}") from None
-    lock = _WriterLock(run_dir)
+    lock = WriterLock(run_dir)
     try:
         index = last_part(run_dir)
         for name in STREAMS:
@@ -293,7 +293,7 @@ def host_info() -> dict:
 class Recorder:
     """Writes one run directory. `create()` for a new run, `resume()` to continue one."""
 
-    def __init__(self, run_dir: Path, manifest: dict, lock: _WriterLock, *, index: int = 0,
+    def __init__(self, run_dir: Path, manifest: dict, lock: WriterLock, *, index: int = 0,
                  rotate_bytes: int = ROTATE_BYTES, rotate_s: float = ROTATE_S,
                  fsync_s: float = FSYNC_S) -> None:
         self.run_dir = run_dir
@@ -333,7 +333,7 @@ class Recorder:
         except OSError as e:
             raise RecordingError(f"cannot create the run directory {run_dir}: "
                                  f"{e.strerror or e}") from None
-        lock = _WriterLock(run_dir)  # first: a live writer's directory is refused as such
+        lock = WriterLock(run_dir)  # first: a live writer's directory is refused as such
         if parts(run_dir, "snapshots"):
             lock.release()
             raise RecordingError(f"{run_dir} already holds a run; use --resume {run_dir} to "
@@ -368,7 +368,7 @@ class Recorder:
         return cls(run_dir, manifest, lock, **kw)
 
     @classmethod
-    def resume(cls, run_dir: Path | str, *, lock: _WriterLock | None = None,
+    def resume(cls, run_dir: Path | str, *, lock: WriterLock | None = None,
                **kw) -> Recorder:
         """Append to an existing run directory, under `lock` (claim()'s, taken before the
         directory was read) or a lock taken now; torn tails are cut (claim())."""
@@ -381,7 +381,7 @@ class Recorder:
             raise
 
     @classmethod
-    def _resume(cls, run_dir: Path, lock: _WriterLock, **kw) -> Recorder:
+    def _resume(cls, run_dir: Path, lock: WriterLock, **kw) -> Recorder:
         manifest = read_manifest(run_dir)  # again, now that no one else can change it
         last = last_snapshot(run_dir, warn=lambda _m: None)
         try:
@@ -570,17 +570,20 @@ class Recording:
     @classmethod
     def open(cls, *, config: dict, run_id: str, out: str | None = None,
              resume: str | None = None, on_disk_full: str = "stop", record: bool = True,
-             **kw) -> Recording:
-        """Create the run directory (`out`, or the default one), or continue `resume`.
+             lock: WriterLock | None = None, **kw) -> Recording:
+        """Create the run directory (`out`, or the default one), or continue `resume` (under
+        `lock` when claim() took it already; released here when the recording fails).
 
         Raises RecordingError when that fails and the policy is "stop"; under
         "continue" the run goes on unrecorded, and the first Snapshot says so."""
         policy = on_disk_full or "stop"
         if not record:
+            if lock is not None:
+                lock.release()
             return cls(None, policy)
         try:
             if resume:
-                rec = Recorder.resume(resume, **kw)
+                rec = Recorder.resume(resume, lock=lock, **kw)
             else:
                 rec = Recorder.create(out, config, run_id=run_id, **kw)
         except RecordingError as e:

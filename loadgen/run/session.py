@@ -51,7 +51,7 @@ from loadgen.model.slo import Slos
 from loadgen.model.snapshot import Control, Snapshot, SnapshotVersionError
 from loadgen.model.source import RunOutcome
 from loadgen.model.windows import SnapshotWindows
-from loadgen.record.recorder import Recording, RecordingError
+from loadgen.record.recorder import Recording, RecordingError, WriterLock, claim
 from loadgen.record.rundir import iter_snapshots, scrub
 from loadgen.run.config import ConfigError, RunConfig
 from loadgen.run.coordinator import Coordinator
@@ -186,6 +186,16 @@ class Session:
             raise TargetError(f"stopped while waiting for {self.cfg.url}")
 
     def _prepare(self) -> None:
+        # a resumed run's writer.lock first: a second writer is refused before it reads
+        lock = claim(self.cfg.resume) if self.cfg.resume and self.record else None
+        try:
+            self._prepare_under(lock)
+        except BaseException:
+            if lock is not None:
+                lock.release()  # twice is harmless: Recording.open lets go of it on failure
+            raise
+
+    def _prepare_under(self, lock: WriterLock | None) -> None:
         resume = None
         if self.cfg.resume:
             self.cfg, resume = resumed(self.cfg)
@@ -206,8 +216,8 @@ class Session:
         self._notes = []
         self.recording = Recording.open(
             config=self._fit_to_write(msgspec.to_builtins(cfg)), run_id=self.coord.run_id,
-            out=cfg.out,
-            resume=cfg.resume, on_disk_full=cfg.on_disk_full, record=self.record)
+            out=cfg.out, resume=cfg.resume, on_disk_full=cfg.on_disk_full,
+            record=self.record, lock=lock)
 
     async def _start_sinks(self) -> None:
         handle = RunHandle(run_id=self.run_id, control=self.control, load_now=self.load_now,
