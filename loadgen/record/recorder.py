@@ -39,6 +39,7 @@ from loadgen import __version__
 from loadgen.model.snapshot import Event, Snapshot, to_json
 from loadgen.record import hlog
 from loadgen.record.rundir import (
+    FILE_MODE,
     MANIFEST,
     MANIFEST_FORMAT,
     RECORDING_STOPPED,
@@ -91,7 +92,8 @@ class WriterLock:
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / WRITER_LOCK
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                              FILE_MODE)
         except OSError as e:
             raise RecordingError(_why(e, "opening", self.path) + ": recording not started") \
                 from None
@@ -146,7 +148,8 @@ class _Stream:
         self.run_dir, self.name = run_dir, name
         self.index = index
         self.path = part_path(run_dir, name, index)
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                          FILE_MODE)
         self.size = os.fstat(self.fd).st_size
 
     def write(self, data: bytes) -> None:

@@ -30,10 +30,10 @@ import fcntl
 import json
 import os
 import re
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
+from secrets import token_hex
 
 import msgspec
 
@@ -47,6 +47,11 @@ RUNNING, FINISHED, RECORDING_STOPPED = "running", "finished", "recording stopped
 INTERRUPTED = "interrupted"  # says "running", but no live process holds writer.lock
 STREAMS = {"snapshots": ".jsonl", "latency": ".hlog", "events": ".jsonl"}
 MANIFEST_FORMAT = 1
+# every file of a run directory is created with this mode less the user's umask (0644 under
+# the usual 022), as any file the user makes: secrets never reach a run directory (scrub),
+# so a mode is not what guards them; who may read a run's prompts and answers is the
+# user's to say, by the umask or the directory chosen with --out
+FILE_MODE = 0o666
 # fields that hold a secret by what they are (RunConfig has none: secrets travel apart);
 # a name that merely contains "token" (input_tokens, tokentop_version) is not one
 SECRET_FIELDS = frozenset({"api_key", "apikey", "password", "passwd", "secret", "token",
@@ -115,7 +120,7 @@ def scrub(value, secrets: Iterable[str] = ()):
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write, fsync, rename over, fsync the directory: a reader sees the old or the new file."""
     raw = json.dumps(data, indent=2, default=str).encode() + b"\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
@@ -132,6 +137,19 @@ def write_json_atomic(path: Path, data: dict) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def _create_temp(path: Path) -> tuple[int, str]:
+    """A new temporary file beside `path` with FILE_MODE less the umask (tempfile.mkstemp
+    would make it 0600, and the rename would keep that: one file unlike the others)."""
+    for _ in range(100):
+        tmp = str(path.parent / f".{path.name}.{token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                           FILE_MODE), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 def read_manifest(run_dir: Path) -> dict:
