@@ -50,6 +50,7 @@ from loadgen.run.child import (
 )
 from loadgen.run.config import RunConfig
 from loadgen.run.secrets import Secrets
+from loadgen.run.session import asked_stop
 
 log = logging.getLogger("tokentop.eval_process")
 
@@ -314,7 +315,7 @@ async def _read_controls(reader: asyncio.StreamReader, stop: Callable[[str], Non
             log.warning("ignored a bad control line: %s", e)
             continue
         if msg.op == "stop":
-            stop("stopped by the operator")
+            stop(asked_stop(msg)[0])
         else:  # the plan sets the load; the console's load keys are off in an eval anyway
             log.info("ignored %s: an eval's load is the plan's", msg.op)
     stop("the console went away")  # stdin closed: SSH dropped, nobody is watching

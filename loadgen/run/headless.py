@@ -11,6 +11,7 @@ but at most HEADLESS_WAIT_S: nobody watches a script, and a wrong URL must end i
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -46,7 +47,9 @@ async def run_headless(cfg: RunConfig, secrets: Secrets | None = None, *,
     stream = out or sys.stderr
 
     def say(notice: Notice) -> None:
-        print(as_line(notice), file=stream, flush=True)
+        # a terminal gone (SIGHUP) fails each write: the run goes on to its recorded end
+        with contextlib.suppress(OSError):
+            print(as_line(notice), file=stream, flush=True)
 
     if (idle := idle_load(cfg)) is not None:
         say(Notice("outcome", idle))

@@ -51,7 +51,7 @@ from loadgen.run.child import (
 )
 from loadgen.run.config import RunConfig
 from loadgen.run.secrets import Secrets
-from loadgen.run.session import Session, SessionError
+from loadgen.run.session import HANGUP_GRACE_S, Session, SessionError, asked_stop
 from probes.host import HostProbe
 
 log = logging.getLogger("tokentop.run_process")
@@ -59,7 +59,6 @@ log = logging.getLogger("tokentop.run_process")
 START_SILENCE_S = 90.0  # the child says something (Waiting once a second) well within this
 WAITING_BEAT_S = 1.0  # how often a waiting run sends the host and its words again
 MAX_SAID = 100  # notices kept for status(); a run says a handful before its first tick
-HANGUP_GRACE_S = 2.0  # the console went away without a word: the drain nobody watches
 
 
 class Start(msgspec.Struct, tag="start"):
@@ -249,7 +248,8 @@ async def _read_controls(reader: asyncio.StreamReader, session: Session) -> None
             log.warning("ignored a bad control line: %s", e)
             continue
         if msg.op == "stop":  # also before the run has started: it ends a wait for the target
-            session.request_stop("stopped by the operator")
+            reason, grace = asked_stop(msg)
+            session.request_stop(reason, grace=grace)
         else:
             await session.control(msg)
     # stdin closed: the console went away without a word; stop now, nobody is watching

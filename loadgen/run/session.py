@@ -72,6 +72,22 @@ from loadgen.run.watch import Watch
 log = logging.getLogger("tokentop.session")
 
 
+# why a run stopped, as the run says and records it; the console's pipe carries the reason
+# of its stop in the Control's note (asked_stop)
+OPERATOR_STOP = "stopped by the operator"
+TERMINAL_GONE = "the terminal went away"  # SIGHUP: SSH dropped, a terminal or tmux closed
+HANGUP_GRACE_S = 2.0  # the drain nobody watches: a terminal gone, a console gone
+
+
+def asked_stop(msg: Control) -> tuple[str, float | None]:
+    """A stop the console asked for: its reason and its drain (None: --drain-grace). Its
+    terminal gone, the console says so in the note (tui.app's hang-up), else it is the
+    operator's."""
+    if msg.note == TERMINAL_GONE:
+        return TERMINAL_GONE, HANGUP_GRACE_S
+    return OPERATOR_STOP, None
+
+
 class SessionError(Exception):
     """The run cannot start; str(e) is the message for the user (exit code 2)."""
 
@@ -344,7 +360,9 @@ class Session:
 def stop_on_signals(session: Session, say: Say) -> None:
     """The first Ctrl-C / SIGTERM stops the load in order (in-flight requests drain for
     --drain-grace); a second one cuts the drain short: what is in flight is cancelled and
-    the run ends at once, its summary and recording still written."""
+    the run ends at once, its summary and recording still written. SIGHUP (the terminal
+    went away) stops it with a short drain, nobody watching: the run is still recorded
+    and summed up, not killed where it stood."""
     loop = asyncio.get_running_loop()
     signals = 0
 
@@ -362,6 +380,10 @@ def stop_on_signals(session: Session, say: Say) -> None:
             say(Notice("stopping", "stopping now, cancelling the requests in flight"))
             session.abort("stopped by a second signal")
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    def hang_up() -> None:
+        session.request_stop(TERMINAL_GONE, grace=HANGUP_GRACE_S)  # first: say may fail
+
+    for sig, handler in ((signal.SIGINT, stop), (signal.SIGTERM, stop),
+                         (signal.SIGHUP, hang_up)):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop)
+            loop.add_signal_handler(sig, handler)
