@@ -32,7 +32,7 @@ from textual.widgets import Footer
 from loadgen.eval.eval_process import WatchesEval
 from loadgen.model import units
 from loadgen.model.kinds import SourceKind
-from loadgen.model.notice import KEYS_TO_STOP, Notice
+from loadgen.model.notice import KEYS_TO_STOP, TERMINAL_GONE, Notice
 from loadgen.model.slo import SloError, Slos, parse_slos
 from loadgen.model.snapshot import (
     Control,
@@ -686,6 +686,8 @@ class TokentopApp(App[None]):
         self._source_closed = True
         # exiting anyway: the user asked to leave, and a failed drain must not trap them
         with contextlib.suppress(Exception):
+            if self._hangup:  # the run records why it stopped: nobody pressed q
+                await self.source.control(Control(op="stop", source="key", note=TERMINAL_GONE))
             await asyncio.wait_for(self.source.close(), self._close_timeout)
 
     def _on_hangup(self) -> None:

@@ -35,6 +35,11 @@ class Notice(msgspec.Struct, frozen=True):
 
 Say = Callable[[Notice], None]
 
+# why a run stopped, as the run says and records it; a console asking its run to stop
+# carries the reason in the stop Control's note (run.session.asked_stop)
+OPERATOR_STOP = "stopped by the operator"
+TERMINAL_GONE = "the terminal went away"  # SIGHUP: SSH dropped, a terminal or tmux closed
+
 # what a front end at a terminal appends to a waiting notice: its own way to give up
 KEYS_TO_STOP = {"headless": "Ctrl-C to stop", "console": "q to quit"}
 

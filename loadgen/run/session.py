@@ -45,7 +45,7 @@ import msgspec
 
 from loadgen.fleet.remote import LoadNow
 from loadgen.model.kinds import EventKind, Level
-from loadgen.model.notice import Notice, Say
+from loadgen.model.notice import OPERATOR_STOP, TERMINAL_GONE, Notice, Say
 from loadgen.model.outage import OutageTally
 from loadgen.model.slo import Slos
 from loadgen.model.snapshot import Control, Snapshot, SnapshotVersionError
@@ -72,10 +72,6 @@ from loadgen.run.watch import Watch
 log = logging.getLogger("tokentop.session")
 
 
-# why a run stopped, as the run says and records it; the console's pipe carries the reason
-# of its stop in the Control's note (asked_stop)
-OPERATOR_STOP = "stopped by the operator"
-TERMINAL_GONE = "the terminal went away"  # SIGHUP: SSH dropped, a terminal or tmux closed
 HANGUP_GRACE_S = 2.0  # the drain nobody watches: a terminal gone, a console gone
 
 

@@ -79,7 +79,7 @@ async def test_the_consoles_run_process_records_the_reason_the_console_gives(sim
     from loadgen.model.snapshot import Control
     from loadgen.run.config import RunConfig
     from loadgen.run.run_process import RunProcess
-    from loadgen.run.session import TERMINAL_GONE
+    from loadgen.model.notice import TERMINAL_GONE
 
     for note, said in ((TERMINAL_GONE, "the terminal went away"),
                        (None, "stopped by the operator")):

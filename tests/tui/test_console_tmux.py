@@ -22,6 +22,8 @@ from pathlib import Path
 import psutil
 from support import ROOT, start_sim_process
 
+from loadgen.record.rundir import read_events
+
 ENGINE_MARKERS = ("loadgen.run.run_process", "loadgen.worker.main", "loadgen.sim", "tui.cli")
 
 
@@ -114,6 +116,11 @@ def test_outage_and_recovery_on_screen_then_terminal_loss_stops_everything(tmp_p
         # the terminal goes away (as when SSH drops): everything the console started stops
         tmux.kill()
         wait_for(lambda: not ours_alive(tree), 15, "the console and its engine exit")
+        # and its recording says why the run stopped: nobody pressed q
+        (manifest,) = tmp_path.rglob("manifest.json")
+        stops = [e["message"] for e in read_events(manifest.parent)
+                 if e["message"].startswith("stopping (")]
+        assert stops and stops[0].startswith("stopping (the terminal went away)"), stops
     finally:
         tmux.kill()
         sim.terminate()
