@@ -89,6 +89,7 @@ from loadgen.model.windows import Point, RunSpan, drain_counts
 RUN_METRICS = ("ttft", "ttfa", "itl", "tpot", "e2e")  # whole-run summaries and thresholds
 # info-level events a report still lists: what was done to the run, and the derived facts
 KEPT_INFO_EVENTS = ("run", "resume", "operator", "record", "recording", "slo", "gpu")
+CONTEXT_S = 5.0  # a long-tail row's context: the events this close to its tick
 TICK_METRICS = ("ttft", "itl")  # per-tick percentiles: drift, long tail, plots
 TAIL_LIST_MAX = 50
 # a drift bucket covering less than this share of its span is partial: listed, not compared
@@ -519,10 +520,15 @@ class SoakAnalyzer:
         return rows, counts
 
     def _context(self, t: float) -> list[str]:
-        near = [e for e in self.events if abs(e.t - t) <= 5.0]
-        out = [f"{e.kind}: {e.message}" for e in near[:3]]
+        """The events nearest the tick ending at `t` (within CONTEXT_S), each with when it
+        happened from that end: an error is dated when it happened (its worker's stamp), so
+        the second it is cited at is its own."""
+        near = sorted((e for e in self.events if abs(e.t - t) <= CONTEXT_S),
+                      key=lambda e: abs(e.t - t))
+        out = [f"{e.kind} at {e.t - t:+.1f} s: {e.message}"
+               for e in sorted(near[:3], key=lambda e: e.t)]
         for o in self.outages:
-            if o.start - 5.0 <= t <= o.end + 5.0:
+            if o.start - CONTEXT_S <= t <= o.end + CONTEXT_S:
                 out.append(f"near a {o.kind} outage ({o.duration_s:.1f} s)")
         return out
 
@@ -602,7 +608,9 @@ class SoakAnalyzer:
                 else f"{self.tail_k:g}x the median per-tick P99",
                 counts=tail_counts, intervals=tail),
             event_counts=dict(self.event_counts),
-            events=self.events[-200:],
+            # in the order they happened (a tick's error batch may be dated before the
+            # previous tick's events: each error is dated when it happened)
+            events=sorted(self.events, key=lambda e: e.t)[-200:],
         )
 
     def _mttr(self, outages: list[Outage]) -> Mttr:

@@ -36,7 +36,8 @@ EventKind = Literal[
     "run",  # started, warm-up over, ramp finished, stopping
     "resume",  # a resumed run's first Snapshot: the gap before it is not load
     "operator",  # a key, the CLI or MQTT changed the load, or a mark (`e`)
-    "error",  # errors of one kind, counted, at most one event every few seconds
+    "error",  # errors of one kind, counted, at most one event every few seconds, dated
+    # when the last of them happened (before an outage change that followed them)
     "outage",  # the server cannot be reached, or nothing succeeds (loadgen.model.outage)
     "stall",  # streams in flight received no byte for a while (a frozen server)
     "recovery",  # the first success after an outage

@@ -153,6 +153,13 @@ class Counters(msgspec.Struct, kw_only=True):
     # completed requests whose output length (the server's count) differs from the asked
     # max_tokens while an exact length was asked for (ignore_eos / min_tokens)
     output_differs: int = 0
+    # closed loop, its pacing after failures (loadgen.worker.pacing): the waits streams made
+    # after a failed request (a jittered back-off, or the server's Retry-After on 429/503),
+    # those the server's Retry-After set, and the stream-µs spent waiting so; success rates
+    # are per attempt, with this pacing known (open loop never waits: its schedule holds)
+    backoffs: int = 0
+    backoffs_retry_after: int = 0
+    backoff_us: int = 0
     errors: dict[str, int] = msgspec.field(default_factory=dict)
     # multi-turn conversations only: turn number n's figures in row n − 1 (MAX_TURN_ROWS)
     turns: list[TurnCounts] = msgspec.field(default_factory=list)

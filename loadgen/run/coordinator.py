@@ -106,7 +106,9 @@ class Coordinator:
         self._probe_task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
         self._last_error_event: dict[str, float] = {}
-        self._pending_errors: dict[str, tuple[int, str]] = {}
+        # per error kind, what is held back for its next event: (count, the last message,
+        # when that last error happened: unix seconds, the worker's own stamp)
+        self._pending_errors: dict[str, tuple[int, str, float]] = {}
         self._reported_failures: set[str] = set()
         self._client = client_lag.ClientWatch()
         # per worker: its last report's stalled streams, and of those the first-token waits
@@ -405,6 +407,9 @@ class Coordinator:
         """The tick as every consumer reads it; its events are all this tick raised."""
         hist = {m: hdr.encode(d) for m, d in merged.dense.items()}
         events, self._events = self._events, []
+        # in the order they happened: an error batch dated before the outage change that
+        # followed it, an event from beside the run (note) at its own time
+        events.sort(key=lambda e: e.t)
         assert self.target is not None
         measured = merged.lag_ms is not None  # some worker reported this tick
         cpu = [self._worker_cpu.get(i, 0.0) for i in range(self.pool.n)]
@@ -482,7 +487,12 @@ class Coordinator:
                            stalled=sum(s.stalled for s in stalled),
                            stalled_first=sum(s.stalled_first for s in stalled),
                            server=self._server)
-        for change in self._outages.observe(observed):
+        changes = self._outages.observe(observed)
+        if changes:
+            # the errors held back happened before this change: said first, never after
+            # the recovery that followed them
+            self._flush_error_events(t, everything=True)
+        for change in changes:
             self._event(change.kind, change.message, level=change.level, **change.payload())
 
     def _check_client(self, lag_ms: float | None, itl: np.ndarray | None) -> None:
@@ -516,19 +526,26 @@ class Coordinator:
 
     def _note_errors(self, r: wire.Report) -> None:
         for kind, n in r.counters.errors.items():
-            count, _ = self._pending_errors.get(kind, (0, ""))
-            self._pending_errors[kind] = (count + n, r.last_errors.get(kind, ""))
+            count, message, at = self._pending_errors.get(kind, (0, "", 0.0))
+            # the latest error's message and time, of whichever worker it was
+            when = r.error_at.get(kind, time.time())
+            if when >= at:
+                message, at = r.last_errors.get(kind, message), when
+            self._pending_errors[kind] = (count + n, message, at)
 
     def _flush_error_events(self, now: float, everything: bool = False) -> None:
-        """Errors become events, at most one per kind every few seconds, with their count."""
-        for kind, (count, message) in list(self._pending_errors.items()):
+        """Errors become events, at most one per kind every few seconds, with their count;
+        each is dated when its last error happened (what its message quotes), not now."""
+        for kind, (count, message, at) in list(self._pending_errors.items()):
             recent = now - self._last_error_event.get(kind, 0.0) < ERROR_EVENT_EVERY_S
             if recent and not everything:
                 continue
             self._last_error_event[kind] = now
             del self._pending_errors[kind]
-            self._event("error", f"{count}× {kind}: {message}", level="error", count=count,
-                        error=kind)
+            self._events.append(Event(t=min(at, now), kind="error", level="error",
+                                      message=f"{count}× {kind}: {message}", count=count,
+                                      error=kind))
+            log.info("error: %d× %s: %s", count, kind, message)
 
     # ---- probes --------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from loadgen.model.slo import evaluate_thresholds, parse_slos, rates_from
 from loadgen.model.snapshot import ServerMetrics, Snapshot
 from loadgen.model.windows import SnapshotWindows, WindowStats
 from loadgen.run.config import RunConfig
+from loadgen.worker.pacing import BACKOFF_FIRST_S, BACKOFF_MAX_S, RETRY_AFTER_MAX_S
 
 SUMMARY_FORMAT = 1  # of the --json summary; tokentop compare reads it
 MS = 1e-3  # µs → ms
@@ -58,6 +59,8 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
             "cancelled": run.requests_cancelled,
             "errors": run.errors,
         },
+        # success rates are per attempt: how the streams paced themselves after failures
+        "pacing": pacing(run),
         "tokens": {
             "output": run.output_tokens,  # delivered, counted as they arrived
             "output_completed": run.completed_output_tokens,  # of requests that completed
@@ -238,6 +241,7 @@ def final_line(summary: dict) -> str:
     if parts:
         line += " | p50/p99 " + ", ".join(parts)
     line += stability_text(summary.get("stability"))
+    line += pacing_text(summary.get("pacing"))
     goodput = (summary.get("throughput") or {}).get("goodput_req_s")
     slo = (summary.get("config") or {}).get("slo")
     if goodput is not None and parse_slos(slo).per_request is not None:
@@ -256,6 +260,32 @@ def stability_text(stability: dict | None) -> str:
     return (f" | {n} outage{'s' if n > 1 else ''}{ongoing}: down "
             f"{units.duration(stability['downtime_s'])}, availability "
             f"{units.pct(stability['availability'])}")
+
+
+def pacing(run: WindowStats) -> dict:
+    """How closed-loop streams paced themselves after failed requests over the run window
+    (loadgen.worker.pacing): the waits, those the server's Retry-After set, and the
+    stream-seconds spent waiting; with the back-off's bounds, so a reader knows what the
+    per-attempt success rate was measured under. Open loop never waits (zeros)."""
+    c = run.counters
+    return {
+        "backoffs": c.backoffs if c else 0,
+        "retry_after_waits": c.backoffs_retry_after if c else 0,
+        "backoff_s": round(c.backoff_us / 1e6, 3) if c else 0.0,
+        "backoff_first_s": BACKOFF_FIRST_S,
+        "backoff_max_s": BACKOFF_MAX_S,
+        "retry_after_max_s": RETRY_AFTER_MAX_S,
+    }
+
+
+def pacing_text(p: dict | None) -> str:
+    """The last line's word on pacing, when streams waited after failures at all."""
+    if not p or not p.get("backoffs"):
+        return ""
+    asked = (f", {p['retry_after_waits']} as the server's Retry-After asked"
+             if p.get("retry_after_waits") else "")
+    return (f" | streams backed off {units.duration(p['backoff_s'])} in all after "
+            f"{p['backoffs']} failures{asked}")
 
 
 def write_json(path: Path, summary: dict) -> None:

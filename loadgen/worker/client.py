@@ -35,6 +35,7 @@ from loadgen.model.slo import Slo
 from loadgen.worker.envelope import RequestEnvelope
 from loadgen.worker.http_stream import Endpoint, Outcome, StreamConnection, open_connection
 from loadgen.worker.interval import IntervalRecorder
+from loadgen.worker.pacing import RETRY_AFTER_MAX_S, retry_after
 from loadgen.worker.stream_measure import StreamMeasure
 from loadgen.worker.tokenizer import ChunkTokens
 
@@ -126,6 +127,7 @@ class StreamingClient(RequestEnvelope[bytes]):
         elif out.status == 200:
             measure.finish()
         else:
+            measure.retry_after = retry_after(out.status, out.headers)
             self.rec.error(*http_error(out.status, out.headers, bytes(out.error_body)))
 
     def close(self) -> None:
@@ -139,11 +141,11 @@ def _closed_before_answer(out: Outcome, conn: StreamConnection) -> bool:
 
 
 def http_error(status: int, headers: dict[bytes, bytes], body: bytes) -> tuple[str, str]:
-    """(kind, message) for a non-200 answer, in the server's own words where it gave any."""
+    """(kind, message) for a non-200 answer, in the server's own words where it gave any
+    (the recorder makes the message plain: loadgen.worker.interval)."""
     detail = error_message(body.decode("utf-8", "replace"))
+    wait = _retry_after_text(status, headers)
     if status == 429:
-        after = headers.get(b"retry-after")
-        wait = f" (Retry-After {after.decode(errors='replace')} s)" if after else ""
         return "http_429", f"HTTP 429 rate limited{wait}: {detail}"
     if 300 <= status < 400:
         # following it would change what is measured (and POST may become GET): say where
@@ -152,7 +154,18 @@ def http_error(status: int, headers: dict[bytes, bytes], body: bytes) -> tuple[s
         return "http_3xx", (f"HTTP {status} redirect{where}: tokentop does not follow "
                             "redirects; give the final URL")
     kind = "http_4xx" if 400 <= status < 500 else "http_5xx"
-    return kind, f"HTTP {status}: {detail}"
+    return kind, f"HTTP {status}{wait}: {detail}"
+
+
+def _retry_after_text(status: int, headers: dict[bytes, bytes]) -> str:
+    """The wait a 429 or 503 asked for, as the stream honours it (loadgen.worker.pacing)."""
+    if not any(h in headers for h in (b"retry-after", b"retry-after-ms")):
+        return ""
+    seconds = retry_after(status, headers)
+    if seconds is None:
+        return " (a Retry-After tokentop cannot read)" if status in (429, 503) else ""
+    capped = f", {RETRY_AFTER_MAX_S:g} s at most" if seconds >= RETRY_AFTER_MAX_S else ""
+    return f" (Retry-After {seconds:g} s{capped})"
 
 
 class _ErrorEnvelope(msgspec.Struct):

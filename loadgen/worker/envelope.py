@@ -14,7 +14,9 @@ the rest is here, once, so that the two measure and count alike (`tokentop calib
 * the limit: the request timeout, or `--cancel-at` seconds when sooner;
 * the endings: a cancel from outside is "cancelled" and re-raised; the limit is
   "cancelled" when it was the user's `--cancel-at`, else "timeout"; however it ended, what
-  was measured counts (`measure.end()`).
+  was measured counts (`measure.end()`);
+* a closed-loop user's pacing (loadgen.worker.pacing): told once, at the end, whether the
+  request failed and what wait the server asked for.
 
 A client supplies `_prepare` (the body as its transport sends it, before the clock
 starts) and `_send` (send it, feed the answer to the measure, count its transport's own
@@ -30,6 +32,7 @@ from typing import Generic, TypeVar
 from loadgen.model.outage import FIRST_TOKEN_STALL_FACTOR, STALL_AFTER_S, Stalled
 from loadgen.model.slo import Slo
 from loadgen.worker.interval import IntervalRecorder
+from loadgen.worker.pacing import Backoff
 from loadgen.worker.stream_measure import ConversationMeasure, StreamMeasure, Turn
 from loadgen.worker.tokenizer import ChunkTokens
 
@@ -67,13 +70,15 @@ class RequestEnvelope(Generic[P]):
         cancel_after_s: float | None = None,
         asked_out: int = 0,
         turn: Turn | None = None,
+        pace: Backoff | None = None,
     ) -> bool:
         """One streamed request; never raises except CancelledError (counted first).
 
-        Returns False when the server could not be reached at all, so that a closed-loop
-        user backs off instead of spinning on refused connections. `asked_out`: the output
+        Returns False when the server could not be reached at all. `asked_out`: the output
         length asked exactly (a count that differs is counted); `turn`: a conversation's
-        turn, which the measure fills in (its reply's text, whether it completed)."""
+        turn, which the measure fills in (its reply's text, whether it completed); `pace`:
+        a closed-loop user's back-off, told how the request ended (a failure of any kind,
+        and the server's Retry-After), so that the user waits before its next one."""
         payload = self._prepare(body)
         self.in_flight += 1
         rec = self.rec
@@ -91,16 +96,17 @@ class RequestEnvelope(Generic[P]):
         self._live.add(measure)
         try:
             async with asyncio.timeout(limit):
-                return await self._send(payload, measure)
+                reached = await self._send(payload, measure)
         except asyncio.CancelledError:
             rec.error("cancelled", "request cancelled before it finished")
             raise
         except TimeoutError:
             if limit < self.timeout:  # the user's --cancel-at, not the server's fault
                 rec.error("cancelled", f"abandoned by the client after {limit:g} s")
+                measure.ok = True
             else:
                 rec.error("timeout", f"no complete answer within {self.timeout:g} s")
-            return True
+            reached = True
         finally:
             self.in_flight -= 1
             self._live.discard(measure)
@@ -109,6 +115,9 @@ class RequestEnvelope(Generic[P]):
             # however it ended, what it had measured counts (finish() has done it already;
             # end() is idempotent)
             measure.end()
+        if pace is not None:
+            pace.ended(not measure.ok, measure.retry_after)
+        return reached
 
     def stalled(self, now: float) -> Stalled:
         """Streams in flight that look frozen (loadgen.model.outage): one that had started

@@ -8,12 +8,18 @@ one vectorised pass, so memory is bounded by one tick of traffic.
 from __future__ import annotations
 
 from array import array
+from time import time
 
 import msgspec
 import numpy as np
 
 from loadgen.model import hdr
 from loadgen.model.snapshot import Counters
+from loadgen.model.text import plain
+
+# an error's message as the worker reports it: the server's words in it (a body, a reason,
+# a header) are outside text, made plain here, the one door every error message goes through
+ERROR_MESSAGE_MAX = 300
 
 
 class SparseHist(msgspec.Struct, array_like=True):
@@ -32,8 +38,8 @@ class SparseHist(msgspec.Struct, array_like=True):
 
 class IntervalRecorder:
     __slots__ = (
-        "chunk_tokens", "connect", "counters", "e2e", "e2e_co", "icl", "itl_err", "itl_v",
-        "itl_w", "lag", "last_errors", "tpot", "ttfa", "ttft", "ttft_co", "ttft_err",
+        "chunk_tokens", "connect", "counters", "e2e", "e2e_co", "error_at", "icl", "itl_err",
+        "itl_v", "itl_w", "lag", "last_errors", "tpot", "ttfa", "ttft", "ttft_co", "ttft_err",
         "usage_tokens",
     )
 
@@ -61,6 +67,9 @@ class IntervalRecorder:
         self.usage_tokens = 0
         self.chunk_tokens = 0
         self.last_errors: dict[str, str] = {}
+        # unix time of each kind's last error this interval (its message is last_errors'):
+        # the coordinator dates the kind's event by it, not by when the event is made
+        self.error_at: dict[str, float] = {}
 
     def error(self, kind: str, message: str) -> None:
         c = self.counters
@@ -69,7 +78,16 @@ class IntervalRecorder:
         else:
             c.requests_failed += 1
         c.errors[kind] = c.errors.get(kind, 0) + 1
-        self.last_errors[kind] = message[:300]
+        self.last_errors[kind] = plain(message, ERROR_MESSAGE_MAX)
+        self.error_at[kind] = time()  # when it happened: its event is dated so
+
+    def backed_off(self, seconds: float, asked: bool) -> None:
+        """A closed-loop stream waited `seconds` after a failure (loadgen.worker.pacing);
+        `asked`: the server's Retry-After set the wait."""
+        c = self.counters
+        c.backoffs += 1
+        c.backoffs_retry_after += asked
+        c.backoff_us += round(seconds * 1e6)
 
     def take(self) -> tuple[Counters, dict[str, SparseHist], dict[str, str]]:
         """Everything recorded since the last take, as counters and sparse histograms."""

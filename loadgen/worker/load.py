@@ -21,6 +21,11 @@ measured under load, and need no more. `--stagger S` spreads them over S seconds
 and `--stagger 0` starts them all at once. One stream added alone (`+`) starts at once,
 and the same spread applies when a paused load resumes.
 
+Failures: a closed-loop user whose request failed (any way) waits its back-off before the
+next (loadgen.worker.pacing: jittered, doubling to a cap, the server's Retry-After honoured
+on 429/503, reset by a success), and the wait is counted (Counters.backoffs, backoff_us).
+Open loop never waits: a failed arrival is a failed arrival, the schedule goes on.
+
 Open loop over several workers: the process at the server must be the one
 asked for whatever the worker count (a constant 10 req/s split as four
 independent 2.5 req/s schedules arrives in bursts of four; a split gamma
@@ -64,6 +69,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from time import perf_counter
 
+from loadgen.worker.pacing import Backoff
 from loadgen.worker.trace import Trace
 
 
@@ -94,11 +100,6 @@ class Arrivals:
             return self.rng.expovariate(self.rate)
         return self.rng.gammavariate(self.shape, mean / self.shape)
 
-
-# A user whose server refuses connections waits before trying again (doubling up to the
-# cap), as any real client would: otherwise an outage turns into a busy loop of tens of
-# thousands of refused connections a second that swamps the worker and the error counts.
-RECONNECT_BACKOFF_S = (0.05, 1.0)
 
 AUTO_STAGGER_WAIT_S = 10.0  # auto: how long the others wait for the first request's time …
 AUTO_STAGGER_MAX_S = 30.0  # … and the widest spread (a very long request would stall the start)
@@ -135,15 +136,19 @@ class Stagger:
 
 
 class ClosedLoop:
-    """`send_one(user)` sends user `user`'s next request; `think(user)`, if given, is the
-    seconds that user waits after a request before its next (a conversation's think time:
-    the drain ends the wait at once, so a thinking user never holds a stop up)."""
+    """`send_one(user, pace)` sends user `user`'s next request and tells `pace` (the user's
+    Backoff) how it ended; `think(user)`, if given, is the seconds that user waits after a
+    request before its next (a conversation's think time). After a failed request the user
+    waits its back-off (loadgen.worker.pacing), and `backed_off(seconds, asked)` counts the
+    wait. The drain ends either wait at once, so a waiting user never holds a stop up."""
 
-    def __init__(self, send_one: Callable[[int], Awaitable[bool]],
+    def __init__(self, send_one: Callable[[int, Backoff], Awaitable[object]],
                  think: Callable[[int], float] | None = None,
-                 stagger: Stagger | None = None) -> None:
+                 stagger: Stagger | None = None,
+                 backed_off: Callable[[float, bool], None] | None = None) -> None:
         self._send_one = send_one
         self._think = think
+        self._backed_off = backed_off
         self.stagger = stagger or Stagger(0.0)
         self.target = 0
         self._users: dict[int, asyncio.Task] = {}
@@ -189,8 +194,7 @@ class ClosedLoop:
             self._running.set()
 
     async def _user(self, uid: int, spread: bool, rephase: bool = False) -> None:
-        first, cap = RECONNECT_BACKOFF_S
-        backoff = first
+        pace = Backoff(self.stagger.rng)
         if spread:
             # the first of the group (no wait: it measures) is what the others are spread
             # against, so it is not re-phased
@@ -201,19 +205,33 @@ class ClosedLoop:
                 await self._spread()  # the whole group resumes at once: spread it again
                 continue
             t0 = perf_counter()
-            if await self._send_one(uid):
-                took = perf_counter() - t0
-                self.stagger.took(took)
-                backoff = first
-                if rephase and not self._stopping:
-                    rephase = False
-                    await self._sleep(self.stagger.rng.uniform(0.0, took))
-                wait = self._think(uid) if self._think is not None else 0.0
-                if wait > 0 and not self._stopping:
-                    await self._sleep(wait)
-            else:
-                await asyncio.sleep(backoff)
-                backoff = min(cap, backoff * 2)
+            await self._send_one(uid, pace)
+            took = perf_counter() - t0
+            if pace.failed:
+                if self.stagger.measured is None:
+                    # a failure measures no request's time, but must not hold the group
+                    # waiting for one (a server that fails everything would, for 10 s)
+                    self.stagger.took(took)
+                await self._back_off(pace)
+                continue
+            self.stagger.took(took)
+            if rephase and not self._stopping:
+                rephase = False
+                await self._sleep(self.stagger.rng.uniform(0.0, took))
+            wait = self._think(uid) if self._think is not None else 0.0
+            if wait > 0 and not self._stopping:
+                await self._sleep(wait)
+
+    async def _back_off(self, pace: Backoff) -> None:
+        """After a failed request: the user's back-off, counted as it was waited (the drain
+        cuts it short)."""
+        wait, asked = pace.wait()
+        if self._stopping:
+            return
+        t = perf_counter()
+        await self._sleep(wait)
+        if self._backed_off is not None:
+            self._backed_off(perf_counter() - t, asked)
 
     async def _spread(self) -> float:
         """Wait a random moment within the stagger's window (or less if the loop stops); the

@@ -21,6 +21,7 @@ from loadgen.worker.conversation import Conversation
 from loadgen.worker.interval import IntervalRecorder
 from loadgen.worker.limits import raise_open_file_limit
 from loadgen.worker.load import ClosedLoop, OpenLoop, Schedule, Stagger
+from loadgen.worker.pacing import Backoff
 from loadgen.worker.stream_measure import Turn
 from loadgen.worker.tokenizer import ChunkTokens
 from loadgen.worker.trace import read_trace
@@ -71,7 +72,8 @@ class Worker:
         turns = cfg.workload.turns > 1
         self.closed = ClosedLoop(self._send_turn if turns else self._send_one,
                                  self._think if turns else None,
-                                 Stagger(cfg.stagger, cfg.workload.seed * 31 + cfg.index))
+                                 Stagger(cfg.stagger, cfg.workload.seed * 31 + cfg.index),
+                                 self.rec.backed_off)
         # one seed for every worker: they all draw the same global arrival sequence
         self.open = OpenLoop(self._send_at, cfg.workload.seed, self._backlog_overflow)
         # read now, before this worker answers that it is up: not while arrivals are due
@@ -88,10 +90,10 @@ class Worker:
 
     # ---- sending ------------------------------------------------------------------------
 
-    async def _send_one(self, user: int = 0) -> bool:
-        return await self._send_at(None)
+    async def _send_one(self, user: int = 0, pace: Backoff | None = None) -> bool:
+        return await self._send_at(None, pace=pace)
 
-    async def _send_turn(self, user: int) -> bool:
+    async def _send_turn(self, user: int, pace: Backoff | None = None) -> bool:
         """User `user`'s next turn of its conversation (loadgen.worker.conversation)."""
         if self._used_up():
             return True
@@ -100,7 +102,7 @@ class Worker:
             conv = self.conversations[user] = Conversation()
         prep, turn = self.factory.turn(conv)
         try:
-            return await self._send(prep, None, turn)
+            return await self._send(prep, None, turn, pace)
         finally:
             conv.answered(turn)
 
@@ -111,8 +113,10 @@ class Worker:
             return 0.0
         return self.cfg.workload.think_time.draw(self.rng)
 
-    async def _send_at(self, t_intended: float | None, entry: int = -1) -> bool:
-        """One request; False when the server could not be reached (the user backs off)."""
+    async def _send_at(self, t_intended: float | None, entry: int = -1,
+                       pace: Backoff | None = None) -> bool:
+        """One request; False when the server could not be reached. `pace`: a closed-loop
+        user's back-off (open loop has none: its schedule holds whatever the server says)."""
         if self._used_up():
             return True
         if entry >= 0 and self.trace is not None:  # a trace's entry: its own lengths
@@ -120,7 +124,7 @@ class Worker:
                                       int(self.trace.outputs[entry]), self.trace.blocks(entry))
         else:
             prep = self.factory.next()
-        return await self._send(prep, t_intended)
+        return await self._send(prep, t_intended, pace=pace)
 
     def _used_up(self) -> bool:
         """True when this worker's share of --requests is used up (it then stops asking for
@@ -136,14 +140,14 @@ class Worker:
         return False
 
     async def _send(self, prep: Prepared, t_intended: float | None,
-                    turn: Turn | None = None) -> bool:
+                    turn: Turn | None = None, pace: Backoff | None = None) -> bool:
         c = self.cfg.cancelling
         abandon = c.rate > 0 and self.rng.random() < c.rate
         return await self.client.request(
             prep.body, prep.asked, t_intended,
             cancel_after_tokens=c.after_tokens if abandon else None,
             cancel_after_s=c.after_s if abandon else None,
-            asked_out=prep.asked_out, turn=turn,
+            asked_out=prep.asked_out, turn=turn, pace=pace,
         )
 
     def _backlog_overflow(self) -> None:
@@ -201,6 +205,7 @@ class Worker:
         await writer.drain()
 
     def _report(self, seq: int) -> wire.Report:
+        error_at = self.rec.error_at  # take() starts a fresh one
         counters, hists, errors = self.rec.take()
         cpu = time.process_time()
         cpu_s, self._cpu_mark = cpu - self._cpu_mark, cpu
@@ -212,6 +217,7 @@ class Worker:
             counters=counters,
             hists=hists,
             last_errors=errors,
+            error_at=error_at,
             loop_lag_ms=self.lag.take_ms(),
             cpu_s=cpu_s,
             trace_sent=self.open.trace_sent,

@@ -30,6 +30,7 @@ from loadgen.model.slo import Slo
 from loadgen.worker.client import http_error
 from loadgen.worker.envelope import RequestEnvelope
 from loadgen.worker.interval import IntervalRecorder
+from loadgen.worker.pacing import retry_after
 from loadgen.worker.sse import (
     Choice,
     Chunk,
@@ -102,6 +103,7 @@ class OpenAIClient(RequestEnvelope[tuple[dict, dict | None]]):
             raise  # the envelope's limit to count, not a transport error
         except openai.APIStatusError as e:
             headers = {k.lower().encode(): v.encode() for k, v in e.response.headers.items()}
+            m.retry_after = retry_after(e.status_code, headers)
             self.rec.error(*http_error(e.status_code, headers, e.response.content))
             return True
         except openai.APITimeoutError:

@@ -107,10 +107,12 @@ class StreamMeasure:
         "k_total",
         "last",
         "lens",
+        "ok",
         "parser",
         "prompt_words",
         "reasoning_k",
         "rec",
+        "retry_after",
         "seen",
         "sent_ns",
         "slo",
@@ -174,6 +176,11 @@ class StreamMeasure:
         self.usage_cached: int | None = None  # prompt tokens the server's cache served
         self.done = False
         self.ended = False
+        # how it ended, for its stream's pacing (loadgen.worker.pacing): ok when it completed
+        # or its user abandoned it on purpose, else a failure; and the wait a 429 or 503
+        # asked for (its Retry-After, seconds), set by the client
+        self.ok = False
+        self.retry_after: float | None = None
         self.sent_ns: int | None = None
         # reasoning: set by the first text chunk when it carries reasoning only, cleared by
         # the first answer chunk; the only per-chunk cost a stream without reasoning pays is
@@ -274,6 +281,7 @@ class StreamMeasure:
         self.last = now
         if self.cancel_after_tokens is not None and self.k_total >= self.cancel_after_tokens:
             rec.error("cancelled", f"abandoned by the client after {self.k_total} tokens")
+            self.ok = True  # on purpose: no failure to pace
             self.end()
             return False
         return True
@@ -419,6 +427,7 @@ class StreamMeasure:
         if self.chunks == 0:
             rec.error("empty_response", "stream finished without any generated text")
             return
+        self.ok = True
         c = rec.counters
         c.requests_ok += 1
         c.chunks += self.chunks

@@ -96,7 +96,7 @@ class Report(msgspec.Struct, tag="report", kw_only=True):
     backlog: int
     counters: Counters
     hists: dict[str, SparseHist]
-    last_errors: dict[str, str]
+    last_errors: dict[str, str]  # each kind's last message this interval, made plain
     loop_lag_ms: float
     cpu_s: float  # process CPU seconds since the previous report
     # streams in flight that look frozen, and of those the ones still waiting for their first
@@ -107,6 +107,9 @@ class Report(msgspec.Struct, tag="report", kw_only=True):
     # worker holds all of it): how far the replay is, and when it is done
     trace_sent: int = 0
     trace_total: int = 0
+    # unix time of each kind's last error this interval (the one last_errors quotes): the
+    # error's event is dated when it happened, not when the coordinator made the event
+    error_at: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 class Stopped(msgspec.Struct, tag="stopped"):
