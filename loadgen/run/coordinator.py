@@ -28,6 +28,7 @@ import numpy as np
 
 from loadgen.model import client_lag, hdr
 from loadgen.model.kinds import EventKind, Level
+from loadgen.model.notice import OPERATOR_STOP
 from loadgen.model.outage import OutageTracker, Stalled, Tick
 from loadgen.model.snapshot import (
     METRICS,
@@ -251,7 +252,7 @@ class Coordinator:
                 self.state = state
                 self._event("operator", f"load {self.state} ({msg.source})")
         elif op == "stop":
-            self.request_stop("stopped by the operator")
+            self.request_stop(OPERATOR_STOP)
         elif op == "mark":
             self._event("operator", f"mark: {msg.note or ''}".strip())
         else:

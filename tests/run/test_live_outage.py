@@ -165,7 +165,7 @@ async def test_the_soak_success_rate_leaves_the_warmup_out(tmp_path):
     report = analyze(snaps)
     assert report["measured_requests"]["failed"] == 0 and report["measured_requests"]["ok"] > 0
     assert report["success_rate"] == 1.0
-    assert c.requests_ok / (c.requests_ok + c.requests_failed) < 0.9  # the whole run's
+    assert c.requests_failed == five_hundreds  # the whole run's count has them all
 
 
 class Lines:
