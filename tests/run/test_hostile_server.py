@@ -11,7 +11,6 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
 from aiohttp import web
 from support import headless_argv, serving, tokentop
 
@@ -78,8 +77,6 @@ async def test_a_hostile_model_id_and_metrics_labels_reach_no_byte_raw(tmp_path:
     assert "model [red]x[/red]" in (out / "report.md").read_text()
 
 
-@pytest.mark.xfail(strict=False, reason="needs the worker's plain() on the server's error text "
-                   "(issue 25, loadgen/worker, another helper's change): remove this mark then")
 async def test_a_hostile_500_message_reaches_no_byte_raw(tmp_path: Path):
     out = tmp_path / "run"
     done = await _run(_app(fail=True), out, tmp_path)
