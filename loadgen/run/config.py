@@ -79,6 +79,7 @@ class RunConfig(msgspec.Struct, kw_only=True):
     auto_ramp: bool = False  # start climbing at once (the console's `a` key does it later)
     auto_ramp_hold: float = 10.0  # measured seconds per auto-ramp step
     auto_ramp_warmup: float = 3.0  # unmeasured seconds per auto-ramp step
+    auto_ramp_max: int = 4096  # the most streams (req/s in open loop) auto-ramp tries
     # workload
     input_tokens: str = "128"
     output_tokens: str = "128"
@@ -117,6 +118,9 @@ class RunConfig(msgspec.Struct, kw_only=True):
     sim_flags: list[str] = msgspec.field(default_factory=list)
     seed: int = 0
     publish: PublishTo | None = None
+    # tokentop's own live figures for Prometheus (loadgen.run.prometheus): None, not served
+    prometheus_port: int | None = None
+    prometheus_host: str = "127.0.0.1"
     calibrate: bool = False  # timing error against the exact-timing simulator's stamps
 
     # recording (loadgen.record.recorder): the run directory (None: the default under

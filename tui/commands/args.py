@@ -156,6 +156,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     add_judging_arguments(limits)
     add_machinery_arguments(limits)
     add_recording_arguments(p)
+    add_prometheus_arguments(p.add_argument_group("figures for other tools"))
 
 
 def add_target_arguments(p: argparse.ArgumentParser) -> None:
@@ -214,6 +215,8 @@ def add_load_level_arguments(g: argparse._ActionsContainer) -> None:
                    help="double the streams while the --slo holds, settle at the boundary")
     g.add_argument("--auto-ramp-hold", type=seconds, default=10.0,
                    help="measured seconds per auto-ramp step")
+    g.add_argument("--auto-ramp-max", type=whole(1), default=4096,
+                   help="the most streams (or req/s in open loop) auto-ramp tries")
 
 
 def add_open_loop_arguments(g: argparse._ActionsContainer) -> None:
@@ -309,6 +312,14 @@ def add_machinery_arguments(g: argparse._ActionsContainer) -> None:
     g.add_argument("--tick", type=seconds, default=0.5, help="seconds per Snapshot")
     g.add_argument("--seed", type=whole(0), default=0,
                    help="seed of the workload's draws (lengths, arrivals, prompts)")
+
+
+def add_prometheus_arguments(g: argparse._ActionsContainer) -> None:
+    """tokentop's own live figures served in the Prometheus text format (Grafana)."""
+    g.add_argument("--prometheus-port", type=whole(0),
+                   help="serve tokentop's live figures for Prometheus on this port (0: any)")
+    g.add_argument("--prometheus-host", default="127.0.0.1",
+                   help="the address the Prometheus endpoint listens on")
 
 
 def add_recording_arguments(p: argparse.ArgumentParser) -> None:
