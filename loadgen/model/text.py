@@ -23,6 +23,7 @@ _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\
 # are, so the common case (tokentop's own words, a histogram's base64) skips the work
 _ALREADY_PLAIN = re.compile(r"[!-~]+(?: [!-~]+)*|")
 
+
 def plain(text: object, limit: int | None = None) -> str:
     """Untrusted text as it may be shown: escape sequences removed, every other control or
     format character (C0, C1, bidi overrides, zero-width) a space, blanks collapsed, at
