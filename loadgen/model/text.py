@@ -9,11 +9,13 @@ written after that is already plain."""
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from typing import Any
 
 import msgspec
+import msgspec.inspect as mi
 
 # ESC sequences: CSI (colours, cursor moves), OSC (titles, hyperlinks; ended by BEL or ST),
 # and the two-character ones; what is left of the C0/C1 and format characters goes after
@@ -45,9 +47,9 @@ def plain_all(value: Any, limit: int | None = None) -> Any:
     if isinstance(value, str):
         return plain(value, limit)
     if isinstance(value, msgspec.Struct):
-        for name in value.__struct_fields__:
+        for name in _text_fields(type(value)):
             field = getattr(value, name)
-            if isinstance(field, str | list | dict | msgspec.Struct):
+            if field is not None:
                 setattr(value, name, plain_all(field, limit))
         return value
     if isinstance(value, list):
@@ -59,3 +61,38 @@ def plain_all(value: Any, limit: int | None = None) -> Any:
         value.update(items)
         return value
     return value
+
+
+
+_VISITING: set[type] = set()  # the Structs whose fields are being looked at (a cycle)
+
+
+@functools.cache
+def _text_fields(cls: type[msgspec.Struct]) -> tuple[str, ...]:
+    """The fields of a Struct whose type may hold a string (its numbers, flags and Literals,
+    which msgspec has checked on decoding, are left alone: a Snapshot is mostly numbers, and
+    a 72-hour replay reads half a million of them)."""
+    info = mi.type_info(cls)
+    assert isinstance(info, mi.StructType)
+    _VISITING.add(cls)
+    try:
+        return tuple(f.name for f in info.fields if _may_hold_text(f.type))
+    finally:
+        _VISITING.discard(cls)
+
+
+def _may_hold_text(t: mi.Type) -> bool:
+    if isinstance(t, mi.StrType | mi.AnyType):
+        return True
+    if isinstance(t, mi.StructType):
+        # a Struct inside itself (a tree) is walked: what it holds is still being looked at
+        return t.cls in _VISITING or bool(_text_fields(t.cls))
+    if isinstance(t, mi.ListType | mi.SetType | mi.FrozenSetType | mi.VarTupleType):
+        return _may_hold_text(t.item_type)
+    if isinstance(t, mi.TupleType):
+        return any(_may_hold_text(x) for x in t.item_types)
+    if isinstance(t, mi.UnionType):
+        return any(_may_hold_text(x) for x in t.types)
+    if isinstance(t, mi.DictType):
+        return _may_hold_text(t.key_type) or _may_hold_text(t.value_type)
+    return False  # numbers, bools, None, Literals (checked by the decoder)
