@@ -208,8 +208,11 @@ def add_load_level_arguments(g: argparse._ActionsContainer) -> None:
     g.add_argument("-c", "--concurrency", type=whole(0), default=8,
                    help="concurrent streams (default %(default)s); 0 only in the console, "
                    "with a ramp, or for an agent under remote control")
-    g.add_argument("--rate", type=rate, default=1.0,
-                   help="open loop: requests per second (5, 5/s, 300/m)")
+    # no default here: an open loop without a rate is refused (open_loop_rate), never a
+    # silent 1 req/s
+    g.add_argument("--rate", type=rate,
+                   help="open loop: requests per second (5, 5/s, 300/m); --mode open needs it "
+                   "(or a --ramp, --auto-ramp or --trace to set the rate)")
     g.add_argument("--ramp", help="linear:FROM:TO:SECONDS or step:START:STEP:SECONDS[:MAX]")
     g.add_argument("--auto-ramp", action="store_true",
                    help="double the streams while the --slo holds, settle at the boundary")
@@ -418,9 +421,22 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         dataset = cfg.parsed().dataset
     except ConfigError as e:
         fail(str(e))
+    open_loop_rate(args)
     if dataset.note:  # said once, here (the run's "run started" event has it too)
         print(f"tokentop: note: {dataset.path}: {dataset.note}", file=sys.stderr)
     return cfg
+
+
+def open_loop_rate(args: argparse.Namespace) -> None:
+    """An open loop sends requests at a rate: without --rate (and nothing else to set it:
+    a ramp, auto-ramp, a trace) it is refused in one line, where it once ran 1 req/s unsaid.
+    A command without --rate (a sweep's steps, an eval's plan set it) is not asked."""
+    if "rate" not in vars(args) or args.rate is not None or args.mode != "open":
+        return
+    if args.ramp or args.auto_ramp or getattr(args, "trace", None):
+        return
+    fail("--mode open sends requests at a rate: give --rate (e.g. --rate 4/s); "
+         "-c/--concurrency is the closed loop's streams")
 
 
 def _sim_flags(args: argparse.Namespace) -> list[str]:

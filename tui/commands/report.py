@@ -61,7 +61,8 @@ def _report(args: argparse.Namespace) -> int:
     try:
         code, r = write_report(
             args.run_dir, out_dir=args.out_dir, slo=args.slo, plots=not args.no_plots,
-            bucket_s=args.bucket, tail_k=args.tail_k, tail_abs_us=args.tail_ms)
+            bucket_s=args.bucket, tail_k=args.tail_k, tail_abs_us=args.tail_ms,
+            out=sys.stdout)  # now: a reader that stops reading is tui.cli's ReaderGone
     except (RunDirError, SnapshotVersionError, ValueError) as e:  # ValueError: a bad --slo
         print(f"tokentop: {e}", file=sys.stderr)
         return 2
