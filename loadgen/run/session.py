@@ -56,6 +56,7 @@ from loadgen.record.rundir import iter_snapshots, scrub
 from loadgen.run.config import ConfigError, RunConfig
 from loadgen.run.coordinator import Coordinator
 from loadgen.run.preflight import TargetError, check_url, wait_for_target
+from loadgen.run.prometheus import PrometheusEndpoint
 from loadgen.run.resume import resumed
 from loadgen.run.secrets import Secrets
 from loadgen.run.sinks import Publish, RunHandle, Sink, SinkError
@@ -126,6 +127,7 @@ class Session:
         self.recording: Recording | None = None
         self.watch: Watch | None = None
         self.publish: Publish | None = None  # cfg.publish: the MQTT sink
+        self.prometheus: PrometheusEndpoint | None = None  # cfg.prometheus_port
         self._recording_failed: str | None = None
         self._started_sinks: list[Sink] = []
         self._finished: Outcome | None = None
@@ -156,14 +158,19 @@ class Session:
         try:
             self._prepare()
         except (ConfigError, RecordingError, SnapshotVersionError, SinkError) as e:
+            self._release_endpoint()
             raise SessionError(str(e)) from None
         assert self.coord is not None and self.recording is not None
         try:
             await self._wait_for_target()
             await self.coord.start()
         except (TargetError, ConfigError) as e:
+            self._release_endpoint()
             self.recording.discard({"error": str(e)})
             raise SessionError(str(e)) from None
+        except BaseException:
+            self._release_endpoint()
+            raise
         if self.recording.run_dir is not None:
             verb = "resuming" if self.cfg.resume else "recording to"
             self.say(Notice("recording", f"{verb} {self.recording.run_dir}"))
@@ -174,6 +181,7 @@ class Session:
             await self.coord.close()
             self.recording.discard({"error": str(e)})
             await self._close_sinks()
+            self._release_endpoint()
             raise SessionError(str(e)) from None
 
     async def _wait_for_target(self) -> None:
@@ -223,6 +231,13 @@ class Session:
             self.publish = Publish(cfg.publish, self.secrets.mqtt_password, self.say)
             self.sinks.insert(0, self.publish)
         self.coord = Coordinator(cfg, self.secrets, resume=resume)
+        if cfg.prometheus_port is not None:
+            # bound here, before the run directory and the load: a port in use is refused
+            # in words and nothing has started
+            self.prometheus = PrometheusEndpoint(
+                cfg.prometheus_host, cfg.prometheus_port, say=self.say,
+                goodput=self.coord.parsed.slos.per_request is not None)
+            self.sinks.append(self.prometheus)
         for kind, message, level, t, payload in self._notes:  # noted before the start
             self.coord.note(kind, message, level, t=t, **payload)
         self._notes = []
@@ -328,6 +343,12 @@ class Session:
     def _fit_to_write(self, data: dict) -> dict:
         """`data` with every secret of this run cut out: what goes on disk or to a user."""
         return scrub(data, self.secrets.values())
+
+    def _release_endpoint(self) -> None:
+        """The Prometheus endpoint's socket, when the run does not start (closing a started
+        one is _close_sinks')."""
+        if self.prometheus is not None:
+            self.prometheus.release()
 
     async def _close_sinks(self) -> None:
         for sink in self._started_sinks:
