@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from loadgen.analysis.sweep import SWEEP_FORMAT, StepResult, plot_curve
+from loadgen.analysis.sweep import SWEEP_FORMAT, StepResult, curve_title, plot_curve
 from loadgen.model import units
 from loadgen.model.snapshot import SNAPSHOT_VERSION, SnapshotVersionError
 from loadgen.record.rundir import (
@@ -254,7 +254,19 @@ def sweep_table(items: list[Item]) -> list[str]:
 
 
 def plot_runs(path: Path, items: list[Item]) -> None:
-    """Headline bars for runs: output tok/s and TTFT p99, one bar per run."""
+    """runs_figure, written to `path` (a PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = runs_figure(items)
+    try:
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+
+
+def runs_figure(items: list[Item]):
+    """Headline bars for runs: output tok/s and TTFT p99, one bar per run (the first the
+    baseline); a figure a run lacks is no bar, and says so, rather than a bar at 0."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -262,15 +274,27 @@ def plot_runs(path: Path, items: list[Item]) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 4), dpi=110)
     names = [i.name for i in items]
-    for ax, (label, key) in zip(axes, (("output tok/s", ("rates", "output_tok_s")),
-                                       ("TTFT p99 ms", ("latency_ms", "ttft", "p99"))),
-                                strict=True):
-        ax.bar(names, [(_dig(i.summary, key) or 0.0) for i in items])
+    for ax, (label, unit, key) in zip(axes, (
+            ("output tokens/s", "tokens/s", ("rates", "output_tok_s")),
+            ("TTFT p99", "ms", ("latency_ms", "ttft", "p99"))), strict=True):
+        values = [_dig(i.summary, key) for i in items]
+        ax.bar(names, [v or 0.0 for v in values])
+        for n, v in enumerate(values):
+            if v is None:
+                ax.annotate(units.NA, (n, 0), ha="center", va="bottom")
         ax.set_title(label)
+        ax.set_ylabel(unit)
+        ax.ticklabel_format(axis="y", style="plain", useOffset=False)
         ax.tick_params(axis="x", labelrotation=20)
+    fig.suptitle(f"Runs compared against {items[0].name} (the first)", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
+
+
+def _sweep_unit(items: list[Item]) -> str:
+    modes = {i.config.get("mode", "closed") for i in items}
+    return "req/s" if modes == {"open"} else "streams" if modes == {"closed"} else \
+        "streams or req/s"
 
 
 def compare(paths: list[Path], *, png: Path | None = None, json_path: Path | None = None,
@@ -292,7 +316,11 @@ def compare(paths: list[Path], *, png: Path | None = None, json_path: Path | Non
     print("\n".join(table), file=out)
     if png is not None:
         if "sweep" in kinds:
-            plot_curve(png, [(i.name, i.steps) for i in items])
+            unit = _sweep_unit(items)
+            plot_curve(png, [(i.name, i.steps) for i in items], unit=unit,
+                       title=curve_title("Sweeps compared", [s for i in items for s in i.steps],
+                                         unit, "/".join(sorted({i.config.get("mode", "closed")
+                                                                 for i in items})), None))
         else:
             plot_runs(png, items)
         print(f"wrote {png}", file=out)

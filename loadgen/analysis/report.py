@@ -49,6 +49,7 @@ import msgspec
 import numpy as np
 from msgspec import UNSET, UnsetType
 
+from loadgen.analysis import plot_style
 from loadgen.analysis.soak import SoakAnalyzer
 from loadgen.analysis.soak_result import Slope, SoakResult
 from loadgen.model import hdr, trend, units
@@ -201,6 +202,8 @@ class Report(SoakResult, kw_only=True):
     pauses: list[Pause] = msgspec.field(default_factory=list)  # not in the first reports
     faults: list[FaultRow] = msgspec.field(default_factory=list)  # the "fault" events' spans
     run_dir: str
+    # what the run is of, in words (the plots' titles): the eval's phase, the load, the target
+    subject: str = ""
     manifest: dict[str, Any]  # manifest.json's facts about the run, as it has them
     status: str  # the run's state in words (STATUS_TEXT)
     slo: str | None
@@ -285,6 +288,7 @@ def soak_report(run_dir: Path | str, *, slo: str | None = None, bucket_s: float 
         pauses=pauses.spans(analyzer.start_time or 0.0),
         faults=faults.rows(analyzer.start_time or 0.0),
         run_dir=str(run_dir),
+        subject=subject_of(run_dir, manifest),
         manifest={k: manifest.get(k) for k in (
             "tokentop_version", "run_id", "status", "start_time", "end_time", "engine", "host",
             "gpus", "gpu_source", "resumes", "recording_stopped")},
@@ -294,6 +298,37 @@ def soak_report(run_dir: Path | str, *, slo: str | None = None, bucket_s: float 
     # string it gave the report (the model, event words, warnings quoting a line) is made
     # plain here, once, before the summary, report.md, report.json or a plot label has it
     return plain_all(result), analyzer
+
+
+def subject_of(run_dir: Path, manifest: dict) -> str:
+    """"faults phase: 4 streams against the embedded simulator": the load from the recorded
+    config, the target as the run names it. A run directory of an eval (OUT/runs/PHASE, an
+    eval.json beside runs/) is of its phase and of the eval's target: the phase's own URL
+    is the eval's simulator's port, or the fault proxy's, thrown away when the eval ends."""
+    load = plot_style.load_words(manifest.get("config") or {})
+    target = manifest.get("target") or {}
+    name = plot_style.target_name(target.get("url"), target.get("model"), manifest.get("engine"),
+                                  bool(target.get("simulated")))
+    ev = _eval_of(run_dir)
+    if ev is None:
+        return f"{load} {plot_style.against(name)}"
+    header = ev.get("header") if isinstance(ev.get("header"), dict) else {}
+    url = ev.get("target") if isinstance(ev.get("target"), str) else None
+    name = plot_style.target_name(None if url == plot_style.EMBEDDED_SIM else url,
+                                  header.get("model"), header.get("engine"))
+    return f"{plot_style.phase_of(run_dir.name)} phase: {load} {plot_style.against(name)}"
+
+
+def _eval_of(run_dir: Path) -> dict | None:
+    """The eval.json of the eval this run directory is a phase of (None: not an eval's, or
+    one that cannot be read: the title then names the run's own target)."""
+    if run_dir.parent.name != "runs":
+        return None
+    try:
+        doc = json.loads((run_dir.parent.parent / "eval.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 # ---- text -------------------------------------------------------------------------------------
@@ -558,17 +593,18 @@ def markdown(r: dict, plots: list[str]) -> str:
 
 # Colours of the lines; red is left out, it marks the outages.
 LINE_COLOURS = ("C0", "C1", "C2", "C4", "C5", "C6", "C8", "C9")
-MARKS_LABELLED = 15  # operator events and notes labelled on a plot at most (all get a line)
-LABEL_CHARS = 32  # a mark's label is cut to this
 
 
 @dataclass
 class Panel:
-    """One y axis: its unit and the lines on it (label, values a tick)."""
+    """One y axis: its unit, the lines on it (label, values a tick), and what they are,
+    which says how the axis is scaled (loadgen.analysis.plot_style): "count" (counts and
+    rates: from 0), "latency" (log when it spans decades), "memory" (a minimum span),
+    "level" (as the values fall)."""
 
     unit: str
     lines: list[tuple[str, np.ndarray]]
-    log_ok: bool = False  # latency: log scale when the values span decades
+    kind: str = "level"
 
 
 def time_axis(span_s: float) -> tuple[str, float]:
@@ -630,39 +666,40 @@ def plot_specs(s: dict[str, np.ndarray]) -> dict[str, tuple[str, list[Panel]]]:
     avg = f" ({seconds:g} s mean)" if w > 1 else ""
     return {
         "throughput": ("Throughput", [
-            Panel("tokens/s", [("output tokens/s", rate(s["output_tokens"], w_tok))]),
+            Panel("tokens/s", [("output tokens/s", rate(s["output_tokens"], w_tok))],
+                  "count"),
             Panel("requests/s", [(f"ok requests/s{avg}", rate(s["ok"], w)),
-                                 (f"failed requests/s{avg}", rate(s["failed"], w))])]),
+                                 (f"failed requests/s{avg}", rate(s["failed"], w))],
+                  "count")]),
         "latency": ("Latency per tick (client side)", [Panel("ms", [
             ("TTFT p50 (ms)", s["ttft_p50"] / 1e3), ("TTFT p99 (ms)", s["ttft_p99"] / 1e3),
             ("ITL p50 (ms)", s["itl_p50"] / 1e3), ("ITL p99 (ms)", s["itl_p99"] / 1e3)],
-            log_ok=True)]),
+            "latency")]),
         "queue": ("Queue depth", [Panel("requests", [
             ("client in flight", s["in_flight"]), ("client backlog", s["backlog"]),
-            ("server waiting", s["srv_waiting"]), ("server running", s["srv_running"])])]),
+            ("server waiting", s["srv_waiting"]), ("server running", s["srv_running"])],
+            "count")]),
         "gpu": ("GPU memory and power (all GPUs together)", [
-            Panel("MB", [("GPU memory used (MB)", s["gpu_mem_mb"])]),
+            Panel("MB", [("GPU memory used (MB)", s["gpu_mem_mb"])], "memory"),
             Panel("W", [("GPU power (W)", s["gpu_power_w"])])]),
         "server_rss": ("Server process RSS", [Panel("MB", [("server RSS (MB)",
-                                                            s["srv_rss_mb"])])]),
+                                                            s["srv_rss_mb"])], "memory")]),
     }
 
 
 def _y_axis(ax, panel: Panel, ys: list[np.ndarray]) -> None:
-    """Plain tick labels (20, 50, 100; never 2×10^1), the unit on the axis."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    finite = np.concatenate([y[np.isfinite(y)] for y in ys])
-    positive = finite[finite > 0]
-    if panel.log_ok and len(positive) and positive.max() / positive.min() > 30:
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set_ylabel(f"{panel.unit} (log scale)")
-    else:
-        ax.ticklabel_format(axis="y", style="plain", useOffset=False)
-        ax.set_ylabel(panel.unit)
+    """The axis scaled for what it shows (Panel.kind), plain tick labels (20, 50, 100;
+    never 2×10^1, never an offset), the unit on the axis."""
+    values = np.concatenate(ys)
+    if panel.kind == "latency":
+        plot_style.latency_y(ax, values, panel.unit)
+        return
+    ax.ticklabel_format(axis="y", style="plain", useOffset=False)
+    ax.set_ylabel(panel.unit)
+    if panel.kind == "count":
+        plot_style.counts_from_zero(ax)
+    elif panel.kind == "memory":
+        plot_style.memory_span(ax, values)
 
 
 def _draw_panel(ax, x: np.ndarray, panel: Panel) -> None:
@@ -698,9 +735,10 @@ def marks(r: dict) -> list[dict]:
     return [e for e in r.get("events") or [] if e["kind"] == "operator"]
 
 
-def _mark_run(axes, r: dict, scale: float) -> list:
-    """Shade outages, pauses and gaps, draw a line a mark (labelled on the top panel); the
-    legend handles of what was drawn."""
+def _mark_run(axes, r: dict, scale: float, span: float) -> list:
+    """Shade outages, pauses and gaps, draw a line a mark (labelled on the top panel, the
+    labels thinned: plot_style.thin_labels); the legend handles of what was drawn. `span`:
+    the x axis' length, in its units."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -710,21 +748,26 @@ def _mark_run(axes, r: dict, scale: float) -> list:
         for ax in axes:
             ax.axvspan((a - start) / scale, (b - start) / scale, lw=0, **style)
         handles.setdefault(label, Patch(label=label, **style))
-    events = marks(r)
-    for i, e in enumerate(events):
-        at = (e["t"] - start) / scale
+    events = [((e["t"] - start) / scale, e["message"]) for e in marks(r)]
+    for at, _ in events:
         for ax in axes:
             ax.axvline(at, color="purple", lw=0.8, ls="--")
-        if i < MARKS_LABELLED:
-            text = e["message"]
-            text = text if len(text) <= LABEL_CHARS else text[:LABEL_CHARS - 1] + "…"
-            axes[0].text(at, 0.98, " " + text, rotation=90, va="top", ha="right",
-                         fontsize=7, color="purple", transform=axes[0].get_xaxis_transform())
+    labels, unlabelled = plot_style.thin_labels(events, span)
+    for label in labels:
+        axes[0].text(label.at, 0.98, " " + label.text, rotation=90, va="top", ha="right",
+                     fontsize=7, color="purple", transform=axes[0].get_xaxis_transform())
     if events:
-        more = f", first {MARKS_LABELLED} labelled" if len(events) > MARKS_LABELLED else ""
+        more = f" (+{unlabelled} more not labelled)" if unlabelled else ""
         handles["marks"] = Line2D([], [], color="purple", lw=0.8, ls="--",
                                   label=f"operator event / note{more}")
     return list(handles.values())
+
+
+def title_of(what: str, r: dict) -> str:
+    """What the plot is of: the figure, then the phase, load and target; the run id last
+    (the run directory's name, to find it again)."""
+    subject = r.get("subject") or ""
+    return f"{what}\n{subject + ', ' if subject else ''}run {r['run_id']}"
 
 
 def figures(r: dict, analyzer: SoakAnalyzer) -> dict:
@@ -751,14 +794,15 @@ def figures(r: dict, analyzer: SoakAnalyzer) -> dict:
         axes = list(axes[:, 0])
         for ax, panel in zip(axes, panels, strict=True):
             _draw_panel(ax, x, panel)
-        extra = _mark_run(axes, r, scale)
+        span = max(float(x[-1]), 1e-9)
+        extra = _mark_run(axes, r, scale, span)
         for i, ax in enumerate(axes):
             lines, _ = ax.get_legend_handles_labels()
             ax.legend(handles=lines + (extra if i == 0 else []), loc="upper left",
                       bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
         axes[-1].set_xlabel(f"time since the run started ({unit})")
-        axes[-1].set_xlim(0, max(float(x[-1]), 1e-9))
-        axes[0].set_title(f"{title}, run {r['run_id']}")
+        axes[-1].set_xlim(0, span)
+        axes[0].set_title(title_of(title, r))
         fig.tight_layout()
         out[name] = fig
     return out

@@ -34,6 +34,7 @@ import msgspec
 import numpy as np
 
 from loadgen import __version__
+from loadgen.analysis import plot_style
 from loadgen.model import hdr, units
 from loadgen.model.knee import (
     KNEE_SCALING,
@@ -49,7 +50,7 @@ from loadgen.model.snapshot import METRICS, Control, Snapshot
 from loadgen.run.config import ConfigError, RunConfig
 from loadgen.run.secrets import Secrets
 from loadgen.run.session import Session, SessionError
-from loadgen.run.sinks import Sink
+from loadgen.run.sinks import RunHandle, Sink
 
 SWEEP_FORMAT = 1
 AUTO_MAX_STEPS = 12
@@ -240,9 +241,10 @@ def _to_stderr(line: str) -> None:
 
 async def sweep_main(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None, *,
                      record: bool = True) -> int:
+    seen = TargetSeen()
     try:
         results = await run_sweep(cfg, plan, secrets, echo=lambda s: print(s, flush=True),
-                                  record=record)
+                                  record=record, sinks=[seen])
     except SessionError as e:
         print(f"tokentop sweep: {e}", file=sys.stderr)
         return 2
@@ -253,9 +255,33 @@ async def sweep_main(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None, *
         print(line)
     print(terminal_curve(results, knee, unit, color=sys.stdout.isatty()))
     if plan.out is not None:
-        write_outputs(plan.out, cfg, results, knee, best, plan.knee_fraction)
+        write_outputs(plan.out, cfg, results, knee, best, plan.knee_fraction,
+                      target=seen.name)
         print(f"wrote {plan.out}/sweep.json, sweep.csv, sweep.png")
     return 0 if results else 1
+
+
+class TargetSeen:
+    """A sink that learns the target's name from the sweep's Snapshots (the model, and the
+    engine once /metrics has named it), as sweep.png's legend says it."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+
+    async def start(self, run: RunHandle) -> None:
+        pass
+
+    def take(self, snap: Snapshot, windows) -> None:
+        engine = snap.server.engine if snap.server is not None else None
+        if self.name is None or engine:
+            t = snap.target
+            self.name = plot_style.target_name(t.url, t.model, engine, t.simulated)
+
+    def finish(self, summary: dict) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
 
 
 async def _run(session: Session, snaps, cfg: RunConfig, plan: SweepPlan,
@@ -410,7 +436,10 @@ def _bound(step: StepResult, steps: list[StepResult], threshold: float) -> str:
 
 def write_outputs(out: Path, cfg: RunConfig, results: list[StepResult],
                   knee: StepResult | None, best: StepResult | None,
-                  fraction: float = KNEE_SCALING) -> None:
+                  fraction: float = KNEE_SCALING, *, target: str | None = None,
+                  what: str = "Sweep") -> None:
+    """sweep.json, sweep.csv and sweep.png in `out`; `target` names the target in the plot
+    (None: cfg_label's), `what` the plot's title ("Pressure ramp (eval)")."""
     top = max_tok_s(results)
     out.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -442,11 +471,25 @@ def write_outputs(out: Path, cfg: RunConfig, results: list[StepResult],
                         r.ttft_ms.get("p50"), r.ttft_ms.get("p99"), r.itl_ms.get("p50"),
                         r.itl_ms.get("p99"), r.e2e_ms.get("p99"), r.queue_depth,
                         r.gpu_memory_gb, r.gpu_power_w, r.tokens_per_joule])
-    plot_curve(out / "sweep.png", [(cfg_label(cfg), results)], knee)
+    unit = "streams" if cfg.mode == "closed" else "req/s"
+    name = target or cfg_label(cfg)
+    plot_curve(out / "sweep.png", [(name, results)], knee, unit=unit,
+               title=curve_title(what, results, unit, cfg.mode, name))
 
 
 def cfg_label(cfg: RunConfig) -> str:
-    return cfg.url or "embedded simulator"
+    """The target as the config alone names it (the URL's host; no model nor engine)."""
+    return plot_style.target_name(cfg.url)
+
+
+def curve_title(what: str, steps: list[StepResult], unit: str, mode: str,
+                target: str | None) -> str:
+    """"Sweep: throughput against P99 TTFT" over "closed loop, 1 → 64 streams, against the
+    embedded simulator"."""
+    loads = [s.load for s in steps]
+    span = f"{min(loads):g} → {max(loads):g} {unit}" if loads else f"no step ({unit})"
+    where = f", {plot_style.against(target)}" if target else ""
+    return f"{what}: throughput against P99 TTFT\n{mode} loop, {span}{where}"
 
 
 def terminal_curve(results: list[StepResult], knee: StepResult | None = None,
@@ -488,17 +531,35 @@ def _mark_knee(plt, knee: StepResult, unit: str, points: list[tuple[float, float
 
 
 def plot_curve(path: Path, series: list[tuple[str, list[StepResult]]],
-               knee: StepResult | None = None) -> None:
-    """Throughput vs P99 TTFT, one line per series, the load written at each point."""
+               knee: StepResult | None = None, *, unit: str = "streams",
+               title: str = "Throughput against P99 TTFT") -> None:
+    """curve_figure's plot, written to `path` (a PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = curve_figure(series, knee, unit=unit, title=title)
+    try:
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+
+
+def curve_figure(series: list[tuple[str, list[StepResult]]],
+                 knee: StepResult | None = None, *, unit: str = "streams",
+                 title: str = "Throughput against P99 TTFT"):
+    """Throughput vs P99 TTFT, one line per series (its label: what it is of), the load
+    written at each point, the knee marked; latency on a log scale only when it spans
+    decades, its ticks plain numbers (plot_style.latency_y). Close it when done."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    every: list[float] = []
     for label, steps in series:
         xs = [s.output_tok_s for s in steps]
         ys = [s.ttft_ms.get("p99") or float("nan") for s in steps]
+        every += ys
         ax.plot(xs, ys, marker="o", label=label)
         for s, x, y in zip(steps, xs, ys, strict=True):
             ax.annotate(f"{s.load:g}", (x, y), textcoords="offset points", xytext=(4, 4),
@@ -507,12 +568,10 @@ def plot_curve(path: Path, series: list[tuple[str, list[StepResult]]],
         ax.axvline(knee.output_tok_s, linestyle="--", color="grey")
         ax.annotate("knee", (knee.output_tok_s, knee.ttft_ms["p99"]), xytext=(6, -14),
                     textcoords="offset points", color="grey")
-    ax.set_xlabel("output tokens / s")
-    ax.set_ylabel("P99 TTFT (ms)")
-    ax.set_yscale("log")
+    ax.set_xlabel(f"output tokens / s (each point labelled with its load, {unit})")
+    plot_style.latency_y(ax, every, "P99 TTFT, ms")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    ax.set_title("throughput vs latency")
+    ax.set_title(title, fontsize=11)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
