@@ -229,14 +229,16 @@ def _builtins(snap) -> dict:
 
 
 async def test_an_agent_serves_it(tmp_path: Path):
-    """`tokentop agent` (its broker not there: the run goes on) serves the same page."""
+    """`tokentop agent` (its broker not there: the run goes on) serves the same page; its
+    --url's credentials are nowhere on it, the target label is the public URL."""
     async with running_sim() as sim:
         dead = socket.create_server(("127.0.0.1", 0))
         broker = f"mqtt://127.0.0.1:{dead.getsockname()[1]}"
         dead.close()  # nothing listens there now
         argv = [sys.executable, "-m", "tui.cli", "agent", "--broker", broker, "--name", "a1",
-                "--url", sim.url, "--duration", "3", "--concurrency", "1", "--workers", "1",
-                "--tick", "0.25", "--prometheus-port", "0", "--out", str(tmp_path / "run")]
+                "--url", sim.url.replace("//", "//ops:hunter2@"), "--duration", "3",
+                "--concurrency", "1", "--workers", "1", "--tick", "0.25",
+                "--prometheus-port", "0", "--out", str(tmp_path / "run")]
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE)
@@ -256,6 +258,10 @@ async def test_an_agent_serves_it(tmp_path: Path):
                     ok = _one(_samples(text), "tokentop_requests_total", outcome="ok")
                 await asyncio.sleep(0.1)  # a poll's pace, not a wait for a result
             assert ok > 0
+            assert "hunter2" not in text and "ops:" not in text
+            info = next(x for fam in text_string_to_metric_families(text) for x in fam.samples
+                        if x.name == "tokentop_run_info")
+            assert info.labels["target"] == sim.url
         finally:
             proc.terminate()
             await proc.wait()
