@@ -312,6 +312,27 @@ class Scaling(_Table):
     warmup: Seconds
 
 
+class Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What every request of every phase adds to its body, as the command line's
+    --temperature, --top-p, --top-k, --sampling-seed, --response-format and --extra-body
+    (a flag given wins over its key here). A key left out is not sent: the server's own
+    default. Headers are not here: their values are secrets, and a plan is recorded whole
+    (--header on the command line)."""
+
+    temperature: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    seed: Annotated[int, msgspec.Meta(ge=0)] | None = None  # the body's seed (sampling)
+    response_format: Literal["json"] | None = None
+    extra_body: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def run_fields(self) -> dict[str, Any]:
+        """These keys as RunConfig's fields (None: not set here)."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "sampling_seed": self.seed, "response_format": self.response_format,
+                "extra_body": self.extra_body or None}
+
+
 class Phases(_Table):
     baseline: Baseline
     ramp: Ramp
@@ -330,6 +351,7 @@ class Plan(_Table):
     # defaults for the plans of the evals before these keys (eval.json keeps the plan)
     repeat: Annotated[int, msgspec.Meta(ge=1, le=100)] = 1
     stagger: StaggerText = StaggerText("auto")
+    request: Request = msgspec.field(default_factory=Request)
 
     def profile(self, quick: bool) -> Phases:
         return self.quick if quick else self.phases
@@ -628,6 +650,19 @@ repeat = 1
 # one request and the others start at random moments within that time; seconds: spread over
 # that window; 0: all at once.
 stagger = "auto"
+
+# What every request adds to its body, as the command line's --temperature, --top-p,
+# --top-k, --sampling-seed, --response-format and --extra-body (a flag given wins over its
+# key here). A key left out is not sent: the server's own default. Sampling and guided
+# decoding are real costs, handled differently by each engine. Headers are not here: their
+# values are secrets, and the plan is recorded whole (--header on the command line).
+[request]
+# temperature = 0.7
+# top_p = 0.9
+# top_k = 40
+# seed = 1234              # the body's "seed", for the server's sampling
+# response_format = "json" # {"type": "json_object"}: guided decoding
+extra_body = {}            # merged into every body, e.g. { repetition_penalty = 1.1 }
 
 # 1. Baseline: a fixed load: req/s, output tok/s, TTFT / ITL / E2E P50 to P99.9.
 #    Every phase sends this workload; the faults phase drives this load too.

@@ -3,14 +3,16 @@
 It crosses process boundaries (console → run process, manifest on disk),
 so it is a plain msgspec struct of plain values; `parsed()` turns the text
 forms (length distributions, ramps, SLOs) into objects and is where every bad
-value becomes one clear sentence (ConfigError). Secrets are not here: the API
-key travels in the environment.
+value becomes one clear sentence (ConfigError). Secrets are not here: they travel
+apart, as loadgen.run.secrets.Secrets (the API key, every --header's value); a header's
+name is here, its value never.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -23,7 +25,7 @@ from loadgen.worker.load import Arrivals
 from loadgen.worker.tokenizer import TOKENIZER_CHOICES, Lengths, TokenizerError, load_tokenizer
 from loadgen.worker.trace import TraceError, read_trace
 from loadgen.worker.wire import Cancelling, LoadSpec
-from loadgen.worker.workload import Workload
+from loadgen.worker.workload import OWN_BODY_KEYS, Workload
 
 
 class ConfigError(ValueError):
@@ -94,6 +96,16 @@ class RunConfig(msgspec.Struct, kw_only=True):
     prompts_file: str | None = None
     ignore_eos: bool = True
     continuous_usage: bool = True
+    # the request as the user shapes it (body_fields): the common sampling parameters (None:
+    # not sent, the server's default), --response-format json, and --extra-body (any JSON
+    # object, merged into every body); --header's names (their values are the Secrets')
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    sampling_seed: int | None = None  # the body's "seed" (--seed is the workload's draws)
+    response_format: str | None = None  # json: {"type": "json_object"}
+    extra_body: dict[str, Any] | None = None
+    headers: list[str] = msgspec.field(default_factory=list)
     # exact token lengths (loadgen.worker.tokenizer): a local tokenizer.json or a folder
     # holding one | server (the target's /tokenize) | auto (the server's when it has one)
     # | none (about one token a word)
@@ -161,6 +173,7 @@ class Parsed:
     dataset: Dataset  # checked, with its note (what to say once)
     think_time: ThinkTime
     trace_span: float | None = None  # --trace: seconds from its first request to its last
+    body_fields: dict[str, Any] | None = None  # what the user adds to every body
 
     @property
     def slo(self) -> Slo | None:
@@ -186,6 +199,7 @@ class Parsed:
             think_time=self.think_time,
             trace_block_tokens=cfg.trace_block_tokens,
             output_from_dataset=_output_from_dataset(cfg),
+            body_fields=dict(self.body_fields or {}),
         )
 
 
@@ -213,7 +227,42 @@ def _parse(cfg: RunConfig) -> Parsed:
     if _output_from_dataset(cfg) and dataset.kind != "sharegpt":
         raise ConfigError("--output-tokens dataset takes the reply lengths of a ShareGPT "
                           "dataset: give --dataset sharegpt:FILE")
-    return Parsed(inp, out, ramp, slos, cancelling, dataset, think, _trace_span(cfg))
+    return Parsed(inp, out, ramp, slos, cancelling, dataset, think, _trace_span(cfg),
+                  body_fields(cfg))
+
+
+# the sampling parameters as flags: RunConfig's field, the body's key, the flag
+SAMPLING = (("temperature", "temperature", "--temperature"), ("top_p", "top_p", "--top-p"),
+            ("top_k", "top_k", "--top-k"), ("sampling_seed", "seed", "--sampling-seed"))
+RESPONSE_FORMATS = {"json": {"type": "json_object"}}
+
+
+def body_fields(cfg: RunConfig) -> dict[str, Any]:
+    """What the user adds to every request's body: the sampling flags, --response-format,
+    --extra-body. A key given twice (a flag and --extra-body), or one that tokentop writes
+    itself (the prompt, the lengths, the stream), is refused in words: it would change
+    what is measured without a word, or say one thing and send another."""
+    fields: dict[str, Any] = {}
+    for name, key, _ in SAMPLING:
+        if getattr(cfg, name) is not None:
+            fields[key] = getattr(cfg, name)
+    if cfg.response_format is not None:
+        if cfg.response_format not in RESPONSE_FORMATS:
+            raise ConfigError(f"--response-format must be one of {', '.join(RESPONSE_FORMATS)}"
+                              f", not {cfg.response_format!r} (a schema: --extra-body)")
+        fields["response_format"] = RESPONSE_FORMATS[cfg.response_format]
+    extra = cfg.extra_body or {}  # a JSON object: the command line and the plan check it
+    own = sorted(OWN_BODY_KEYS & extra.keys())
+    if own:
+        raise ConfigError(f"--extra-body may not set {', '.join(own)}: tokentop writes it "
+                          "itself (--model, --input-tokens, --output-tokens, --no-ignore-eos)")
+    twice = sorted(fields.keys() & extra.keys())
+    if twice:
+        flags = {key: flag for _, key, flag in SAMPLING} | {"response_format":
+                                                             "--response-format"}
+        raise ConfigError(f"{twice[0]} is given twice: by {flags[twice[0]]} and in "
+                          "--extra-body; give it once")
+    return {**fields, **extra}
 
 
 def _output_from_dataset(cfg: RunConfig) -> bool:
@@ -261,6 +310,11 @@ def _check_choices(cfg: RunConfig) -> None:
         (cfg.turns == 1 or (cfg.mode == "closed" and cfg.trace is None),
          "--turns runs in closed loop (each stream is a user holding a conversation): "
          "no --mode open or --trace"),
+        (cfg.temperature is None or cfg.temperature >= 0,
+         "--temperature must not be negative"),
+        (cfg.top_p is None or 0 < cfg.top_p <= 1, "--top-p is a fraction above 0, at most 1"),
+        (cfg.top_k is None or cfg.top_k >= -1,
+         "--top-k is a count of tokens (-1 or 0: all, as the engines read it)"),
         (cfg.turns > 1 or cfg.think_time in ("0", "0s"),
          "--think-time is the wait between a conversation's turns: give --turns too"),
     ]

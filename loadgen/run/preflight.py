@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -39,6 +40,17 @@ class Unreachable(TargetError):
         self.reason = reason  # "connection refused", in words, for the waiting line
 
 
+Headers = Sequence[tuple[str, str]]  # --header's (name, value) pairs
+
+
+def target_headers(authorization: str | None, headers: Headers = ()) -> dict[str, str]:
+    """The headers of a request to the target: its Authorization and --header's others."""
+    out = dict(headers)
+    if authorization:
+        out["Authorization"] = authorization
+    return out
+
+
 def check_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -51,10 +63,12 @@ def check_url(url: str) -> str:
 
 
 async def resolve_model(
-    session: aiohttp.ClientSession, base_url: str, model: str | None, authorization: str | None
+    session: aiohttp.ClientSession, base_url: str, model: str | None, authorization: str | None,
+    headers: Headers = (),
 ) -> str:
-    """The model to use: the one asked for if served, else the server's first."""
-    served = await list_models(session, base_url, authorization)
+    """The model to use: the one asked for if served, else the server's first. `headers`:
+    --header's others (Secrets.other_headers()), on every request to the target."""
+    served = await list_models(session, base_url, authorization, headers=headers)
     if model is None:
         if not served:
             raise TargetError(f"{base_url} serves no models (GET /models returned an empty list)")
@@ -72,14 +86,13 @@ MODEL_ID_LIMIT = 200  # characters of a served model id kept (outside text, made
 
 async def list_models(
     session: aiohttp.ClientSession, base_url: str, authorization: str | None,
-    timeout: float = PROBE_TIMEOUT_S,
+    timeout: float = PROBE_TIMEOUT_S, headers: Headers = (),
 ) -> list[str]:
     """The served model ids, made plain where they enter (a server's text: an escape
     sequence in one must not reach a terminal or a file)."""
     url = f"{base_url}/models"
-    headers = {"Authorization": authorization} if authorization else {}
     try:
-        async with session.get(url, headers=headers,
+        async with session.get(url, headers=target_headers(authorization, headers),
                                timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             if r.status in (401, 403):
                 raise TargetError(
@@ -127,7 +140,8 @@ LAST_PROBE_S = 0.25  # the least a probe is given: how far past its bound a wait
 
 
 async def wait_for_target(base_url: str, authorization: str | None, say: Say,
-                          give_up_after: float | None, every: float = PROBE_EVERY_S) -> None:
+                          give_up_after: float | None, every: float = PROBE_EVERY_S,
+                          headers: Headers = ()) -> None:
     """Return as soon as anything answers at `base_url` (whether it is the right server is
     resolve_model's to say). While nothing does, say so once and ask again every `every` s;
     after `give_up_after` s (None: never) raise TargetError, so a wrong URL in a script
@@ -143,7 +157,7 @@ async def wait_for_target(base_url: str, authorization: str | None, say: Say,
         while True:
             try:
                 await list_models(session, base_url, authorization,
-                                  timeout=_probe_timeout(deadline))
+                                  timeout=_probe_timeout(deadline), headers=headers)
             except Unreachable as e:
                 waited = time.monotonic() - started
                 left = None if deadline is None else deadline - time.monotonic()
@@ -197,12 +211,12 @@ class ServerTokenize:
     SHAPES = ("vllm", "llama.cpp", "tgi")
 
     def __init__(self, session: aiohttp.ClientSession, url: str, shape: str, model: str,
-                 authorization: str | None) -> None:
+                 authorization: str | None, headers: Headers = ()) -> None:
         self.session = session
         self.url = url
         self.shape = shape
         self.model = model
-        self.headers = {"Authorization": authorization} if authorization else {}
+        self.headers = target_headers(authorization, headers)
 
     def body(self, text: str) -> dict:
         if self.shape == "vllm":
@@ -245,13 +259,14 @@ class ServerTokenize:
 
 
 async def find_tokenize(session: aiohttp.ClientSession, base_url: str, model: str,
-                        authorization: str | None) -> ServerTokenize | None:
+                        authorization: str | None, headers: Headers = ()
+                        ) -> ServerTokenize | None:
     """The target's tokenize endpoint, if it has one: POST /tokenize at its root (vLLM,
     llama.cpp, TGI) or under /v1 (SGLang), in each shape until one counts a probe text."""
     root = base_url.removesuffix("/v1")
     for url in dict.fromkeys((f"{root}/tokenize", f"{base_url}/tokenize")):
         for shape in ServerTokenize.SHAPES:
-            endpoint = ServerTokenize(session, url, shape, model, authorization)
+            endpoint = ServerTokenize(session, url, shape, model, authorization, headers)
             try:
                 if await endpoint.one(TOKENIZE_PROBE) >= 1:
                     return endpoint
@@ -262,7 +277,8 @@ async def find_tokenize(session: aiohttp.ClientSession, base_url: str, model: st
 
 
 async def resolve_lengths(session: aiohttp.ClientSession, base_url: str, model: str,
-                          choice: str, authorization: str | None) -> Lengths:
+                          choice: str, authorization: str | None,
+                          headers: Headers = ()) -> Lengths:
     """--tokenizer as the run will use it (see loadgen.worker.tokenizer). A path that does
     not load, or `server` where the target has no usable tokenize endpoint, is TargetError;
     `auto` without one is approx., said in the note."""
@@ -273,7 +289,7 @@ async def resolve_lengths(session: aiohttp.ClientSession, base_url: str, model: 
             return await path_lengths(choice, PROMPT_WORDS)
         except TokenizerError as e:
             raise TargetError(str(e)) from None
-    endpoint = await find_tokenize(session, base_url, model, authorization)
+    endpoint = await find_tokenize(session, base_url, model, authorization, headers)
     if endpoint is None:
         if choice == "server":
             raise TargetError(f"--tokenizer server: {base_url} has no tokenize endpoint "

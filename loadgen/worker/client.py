@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+from collections.abc import Sequence
 from time import perf_counter
 
 import msgspec
@@ -42,6 +43,28 @@ from loadgen.worker.tokenizer import ChunkTokens
 CONNECT_TIMEOUT_S = 10.0
 
 
+class HeadedEndpoint(Endpoint):
+    """http_stream's Endpoint with the run's own headers (--header) in every request's
+    head, made once: a header tokentop also writes (User-Agent) is the user's then."""
+
+    def __init__(self, url: str, authorization: str | None,
+                 headers: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(url, authorization)
+        if headers:
+            self._head = with_headers(self._head, headers)
+
+
+def with_headers(head: bytes, headers: Sequence[tuple[str, str]]) -> bytes:
+    """A request head (its lines, each ending CRLF) with `headers` added, and any line of
+    the same name (case-insensitive) it had dropped."""
+    names = {name.lower().encode() for name, _ in headers}
+    lines = head.split(b"\r\n")[:-1]
+    kept = [lines[0], *(line for line in lines[1:]
+                        if line.split(b":", 1)[0].strip().lower() not in names)]
+    added = [f"{name}: {value}".encode() for name, value in headers]
+    return b"\r\n".join([*kept, *added, b""])
+
+
 class StreamingClient(RequestEnvelope[bytes]):
     """Sends prepared request bodies to one endpoint and records what comes back: the
     envelope (loadgen.worker.envelope) around each request, connections kept and reused,
@@ -53,6 +76,7 @@ class StreamingClient(RequestEnvelope[bytes]):
         rec: IntervalRecorder,
         *,
         authorization: str | None = None,
+        headers: Sequence[tuple[str, str]] = (),
         timeout: float = 600.0,
         slo: Slo | None = None,
         calibrate: bool = False,
@@ -61,7 +85,7 @@ class StreamingClient(RequestEnvelope[bytes]):
         super().__init__(rec, timeout=timeout, slo=slo, calibrate=calibrate,
                          chunk_tokens=chunk_tokens)
         self.url = url
-        self.endpoint = Endpoint(url, authorization)
+        self.endpoint = HeadedEndpoint(url, authorization, headers)
         self._idle: list[StreamConnection] = []
 
     def _prepare(self, body: bytes) -> bytes:

@@ -230,8 +230,9 @@ def make_client(cfg: wire.Configure, url: str, rec: IntervalRecorder,
                 chunk_tokens: ChunkTokens | None = None):
     """The client; `chunk_tokens` (a local tokenizer's count of a chunk's tokens) counts
     them when the server sends no per-chunk usage."""
-    kw = {"authorization": cfg.authorization, "timeout": cfg.request_timeout, "slo": cfg.slo,
-          "calibrate": cfg.calibrate, "chunk_tokens": chunk_tokens}
+    kw = {"authorization": cfg.authorization, "headers": cfg.headers,
+          "timeout": cfg.request_timeout, "slo": cfg.slo, "calibrate": cfg.calibrate,
+          "chunk_tokens": chunk_tokens}
     if cfg.client == "openai":
         from loadgen.worker.openai_client import OpenAIClient
 

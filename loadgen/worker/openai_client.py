@@ -19,7 +19,9 @@ and the mapping of the SDK's exceptions.
 
 from __future__ import annotations
 
+import inspect
 import json
+from collections.abc import Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -45,8 +47,9 @@ from loadgen.worker.stream_measure import StreamMeasure
 if TYPE_CHECKING:
     from loadgen.worker.tokenizer import ChunkTokens
 
-# fields the SDK does not know; they travel in extra_body as the servers expect
-_EXTRA = ("ignore_eos", "min_tokens")  # not the SDK's own parameters: sent in extra_body
+# the create call's parameters that are not body fields: a body key of such a name (from
+# --extra-body) is a body field all the same, in extra_body
+_NOT_BODY = frozenset({"extra_body", "extra_headers", "extra_query", "timeout"})
 
 
 class OpenAIClient(RequestEnvelope[tuple[dict, dict | None]]):
@@ -58,6 +61,7 @@ class OpenAIClient(RequestEnvelope[tuple[dict, dict | None]]):
         rec: IntervalRecorder,
         *,
         authorization: str | None = None,
+        headers: Sequence[tuple[str, str]] = (),
         timeout: float = 600.0,
         slo: Slo | None = None,
         calibrate: bool = False,
@@ -71,20 +75,27 @@ class OpenAIClient(RequestEnvelope[tuple[dict, dict | None]]):
         # the SDK sends "Bearer <api_key>"; any other scheme (Basic) goes as a header of its own
         scheme, _, credential = (authorization or "").partition(" ")
         bearer = scheme == "Bearer"
+        # --header's headers as the SDK's default headers: one the SDK writes itself
+        # (User-Agent) is the user's then, as in the raw client
+        extra_headers = dict(headers)
+        if authorization and not bearer:
+            extra_headers["Authorization"] = authorization
         self.sdk = openai.AsyncOpenAI(
             base_url=base, api_key=credential if bearer else "not-needed", timeout=timeout,
             max_retries=0,
             http_client=openai.DefaultAsyncHttpxClient(follow_redirects=False),
-            default_headers=None if bearer or not authorization
-            else {"Authorization": authorization},
+            default_headers=extra_headers or None,
         )
         self._create = self.sdk.chat.completions.create if self.chat \
             else self.sdk.completions.create
+        # the create call's own parameters; every other field of our body (ignore_eos,
+        # min_tokens, top_k, --extra-body's) travels in extra_body, as the servers expect
+        self._known = frozenset(inspect.signature(self._create).parameters) - _NOT_BODY
 
     def _prepare(self, body: bytes) -> tuple[dict, dict | None]:
         """(the SDK's parameters, extra_body): our body's fields the SDK does not know."""
         params = msgspec.json.decode(body)
-        extra = {k: params.pop(k) for k in _EXTRA if k in params}
+        extra = {k: params.pop(k) for k in list(params) if k not in self._known}
         return params, extra or None
 
     async def _send(self, payload: tuple[dict, dict | None], m: StreamMeasure) -> bool:

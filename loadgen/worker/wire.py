@@ -64,6 +64,9 @@ class Configure(msgspec.Struct, tag="configure", kw_only=True):
     calibrate: bool = False  # measure timing error against the exact-timing simulator
     # the target's Authorization header value (a secret: this pipe is the only way it travels)
     authorization: str | None = None
+    # --header's other headers, (name, value) as given: secrets too (Secrets.headers), so
+    # they travel here alone, as the Authorization header does
+    headers: list[tuple[str, str]] = msgspec.field(default_factory=list)
     trace: str | None = None  # --trace FILE: read once at start (loadgen.worker.trace)
     # closed loop: the spread of streams started together (loadgen.worker.load.Stagger):
     # seconds, 0 for all at once, None for one request's time as measured

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -45,6 +45,11 @@ PROMPT_WORDS = (
     "after also did many before must through back years where much your way well down "
     "should because each just those people"
 ).split()
+
+# the body keys tokentop writes itself: what a request measures depends on them (the
+# prompt, the lengths, the stream and its usage), so --extra-body may not set them
+OWN_BODY_KEYS = frozenset({"model", "messages", "prompt", "max_tokens", "stream",
+                           "stream_options", "ignore_eos", "min_tokens"})
 
 # a trace's prefix blocks kept made (each a list of 512 words: 4 KB of pointers), so that
 # the blocks requests share are not drawn again for every request
@@ -77,6 +82,9 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True):
     # --output-tokens dataset: max_tokens is the length of the reply the dataset's
     # conversation had after the prompt (ShareGPT), else output_tokens
     output_from_dataset: bool = False
+    # what the user shapes (loadgen.run.config.body_fields): the sampling parameters
+    # (--temperature …), --response-format and --extra-body, in every request's body
+    body_fields: dict[str, Any] = msgspec.field(default_factory=dict)
 
     @property
     def path(self) -> str:
@@ -88,7 +96,8 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True):
         prefix = f", {self.shared_prefix} shared" if self.shared_prefix else ""
         turns = (f", conversations of {self.turns} turns, think {self.think_time}"
                  if self.turns > 1 else "")
-        return f"{self.api}, {source}{prefix} → {self.output_tokens} out{turns}"
+        shaped = f", with {', '.join(sorted(self.body_fields))}" if self.body_fields else ""
+        return f"{self.api}, {source}{prefix} → {self.output_tokens} out{turns}{shaped}"
 
 
 class Prepared(NamedTuple):
@@ -227,7 +236,9 @@ class RequestFactory:
 
     def _body(self, prompt: str, max_tokens: int, messages: list[dict] | None = None) -> bytes:
         w = self.w
-        body: dict = {"model": w.model, "max_tokens": max_tokens, "stream": True}
+        # the user's fields first: tokentop's own keys are never theirs (OWN_BODY_KEYS)
+        body: dict = {**w.body_fields, "model": w.model, "max_tokens": max_tokens,
+                      "stream": True}
         options = {"include_usage": True}
         if w.continuous_usage:
             options["continuous_usage_stats"] = True

@@ -151,6 +151,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     workload = p.add_argument_group("workload")
     add_prompt_arguments(workload)
     add_request_arguments(workload)
+    add_shaping_arguments(p.add_argument_group("requests as you shape them"))
     limits = p.add_argument_group("limits and measurement")
     add_length_arguments(limits)
     add_judging_arguments(limits)
@@ -279,6 +280,106 @@ def add_request_arguments(g: argparse._ActionsContainer) -> None:
                    "holding one (read offline; also counts the tokens of each chunk when the "
                    "server sends no per-chunk usage); server: the target's /tokenize; auto "
                    "(default): the server's when it has one; none: about one token a word")
+
+
+def add_shaping_arguments(g: argparse._ActionsContainer) -> None:
+    """The request as the user shapes it: sampling, guided decoding, any body field, and
+    headers (whose values are secrets: loadgen.run.secrets)."""
+    g.add_argument("--temperature", type=lambda t: positive(t, zero=True),
+                   help="sampling temperature sent in every request (default: none sent, "
+                   "the server's own)")
+    g.add_argument("--top-p", type=fraction,
+                   help="nucleus sampling: top_p in every request, above 0 and at most 1 "
+                   "(default: none sent)")
+    g.add_argument("--top-k", type=whole(-1),
+                   help="top_k in every request (-1: all tokens; default: none sent)")
+    g.add_argument("--sampling-seed", type=whole(0), metavar="N",
+                   help="the body's \"seed\" in every request, for the server's sampling "
+                   "(--seed is tokentop's own draws; default: none sent)")
+    g.add_argument("--response-format", choices=("json",),
+                   help="json: ask for JSON output, response_format {\"type\": "
+                   "\"json_object\"} (guided decoding; a schema: --extra-body; default: "
+                   "none sent)")
+    g.add_argument("--extra-body", type=json_object, metavar="JSON",
+                   help="a JSON object merged into every request's body, e.g. "
+                   "'{\"repetition_penalty\": 1.1}' (not the keys tokentop writes: model, "
+                   "messages, prompt, max_tokens, stream…)")
+    g.add_argument("--header", dest="header", type=header, action="append", default=[],
+                   metavar="'NAME: VALUE'|@FILE",
+                   help="a header for every request to the target (repeatable); @FILE: "
+                   "such lines from a file. Every value is taken as a secret: only the "
+                   "names are recorded or shown. One on the command line is seen by ps and "
+                   "your shell's history: put a secret one in a file")
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """--extra-body: a JSON object, or one line saying why not."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e.args[0].split(':')[0]}): {text!r}") \
+            from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object ({{...}}), got {text!r}")
+    return value
+
+
+# headers tokentop writes itself: what is measured is a streamed JSON POST on its own
+# connection, so these are not the user's to change
+OWN_HEADERS = frozenset({"host", "content-length", "content-type", "transfer-encoding",
+                         "connection", "accept"})
+_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~")  # a header name's characters besides alnum
+
+
+def header(text: str) -> list[tuple[str, str]]:
+    """--header: 'Name: value', or @FILE holding such lines (blank and # lines skipped)."""
+    if not text.startswith("@"):
+        return [_header_line(text, "")]
+    path = Path(text[1:])
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise argparse.ArgumentTypeError(
+            f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    found = [_header_line(line, f" ({path} line {i})") for i, line in enumerate(lines, 1)
+             if line.strip() and not line.lstrip().startswith("#")]
+    if not found:
+        raise argparse.ArgumentTypeError(f"{path} holds no 'Name: value' line")
+    return found
+
+
+def _header_line(line: str, where: str) -> tuple[str, str]:
+    """One 'Name: value' checked; the words never quote the value (it may be a secret)."""
+    name, sep, value = line.partition(":")
+    name, value = name.strip(), value.strip()
+    if not sep or not name or not all(c.isalnum() or c in _TOKEN_CHARS for c in name):
+        raise argparse.ArgumentTypeError(
+            f"expected 'Name: value', the name of letters, digits and - or _{where}")
+    if not value:
+        raise argparse.ArgumentTypeError(f"{name} has no value{where}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise argparse.ArgumentTypeError(f"{name}'s value holds control characters{where}")
+    if name.lower() in OWN_HEADERS:
+        raise argparse.ArgumentTypeError(
+            f"{name} is tokentop's own (it sends a streamed JSON POST): it cannot be set")
+    return name, value
+
+
+def headers_from(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """Every --header, in order; a name given twice, or an Authorization beside
+    --api-key-file, is one line and exit 2."""
+    found = [pair for group in getattr(args, "header", None) or [] for pair in group]
+    seen: set[str] = set()
+    for name, _ in found:
+        if name.lower() in seen:
+            fail(f"--header {name} is given twice: give each header once")
+        seen.add(name.lower())
+    if "authorization" in seen and getattr(args, "api_key_file", None) is not None:
+        fail("--header Authorization and --api-key-file both set the Authorization header: "
+             "give one")
+    return tuple(found)
 
 
 def add_length_arguments(g: argparse._ActionsContainer) -> None:
@@ -415,6 +516,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     for url in ("url", "metrics_url"):
         if values.get(url):
             values[url] = public_url(values[url])
+    values["headers"] = [name for name, _ in headers_from(args)]  # the values are secrets
     flags = _sim_flags(args)
     cfg = RunConfig(**values, sim=_embedded_sim(flags), sim_flags=flags)
     try:
@@ -712,7 +814,8 @@ def secrets_from(args: argparse.Namespace, *, mqtt_password: str | None = None) 
     url = getattr(args, "url", None)
     return Secrets(api_key=api_key_from(args), metrics_token=metrics_token_from(args),
                    mqtt_password=mqtt_password,
-                   basic_auth=basic_credentials(url) if url else None)
+                   basic_auth=basic_credentials(url) if url else None,
+                   headers=headers_from(args))
 
 
 # ---- the MQTT broker (agent, fleet, the console's --publish) --------------------------------

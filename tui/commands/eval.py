@@ -38,6 +38,7 @@ from tui.commands.args import (
     add_prompt_arguments,
     add_request_arguments,
     add_resume_arguments,
+    add_shaping_arguments,
     add_target_arguments,
     add_trace_arguments,
     fail,
@@ -88,7 +89,10 @@ def eval_parser() -> argparse.ArgumentParser:
     add_target_arguments(p)
     load = p.add_argument_group("load (the loads, lengths and durations: the plan's)")
     add_open_loop_arguments(load)
-    add_request_arguments(p.add_argument_group("requests"))
+    requests = p.add_argument_group("requests (also the plan's [request] table; a flag "
+                                    "given wins)")
+    add_request_arguments(requests)
+    add_shaping_arguments(requests)
     add_machinery_arguments(p.add_argument_group("measurement"))
     r = p.add_argument_group("recording")
     r.add_argument("--out", help="the eval's directory (eval.md, eval.json, runs/, PNGs); the "
@@ -155,7 +159,25 @@ def built_eval(args: argparse.Namespace):
             ev = Eval(cfg=cfg, plan=plan, quick=args.quick, out=out, say=_say, **kw)
     except (EvalError, PlanError) as e:
         fail(str(e), prog=PROG)
+    ev.cfg = with_plan_request(ev.cfg, ev.plan.request)
     return ev, state is not None
+
+
+def with_plan_request(cfg, request):
+    """`cfg` with the plan's [request] keys where no flag gave them (a flag given wins; the
+    extra bodies merge, the flag's keys over the plan's); checked as a run checks them."""
+    from loadgen.run.config import ConfigError, body_fields
+
+    values = {name: value for name, value in request.run_fields().items()
+              if value is not None and getattr(cfg, name) is None}
+    if request.extra_body and cfg.extra_body:
+        values["extra_body"] = {**request.extra_body, **cfg.extra_body}
+    shaped = msgspec.structs.replace(cfg, **values)
+    try:
+        body_fields(shaped)
+    except ConfigError as e:
+        fail(f"{e} (the plan's [request] counts too)", prog=PROG)
+    return shaped
 
 
 def in_a_terminal() -> bool:

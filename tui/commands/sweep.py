@@ -26,6 +26,7 @@ from tui.commands.args import (
     add_prompt_arguments,
     add_recording_arguments,
     add_request_arguments,
+    add_shaping_arguments,
     add_target_arguments,
     add_trace_arguments,
     fail,
@@ -68,6 +69,7 @@ def sweep_parser() -> argparse.ArgumentParser:
     workload = p.add_argument_group("workload")
     add_prompt_arguments(workload)
     add_request_arguments(workload)
+    add_shaping_arguments(p.add_argument_group("requests as you shape them"))
     measured = p.add_argument_group("measurement")
     add_judging_arguments(measured)
     add_machinery_arguments(measured)
