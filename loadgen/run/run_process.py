@@ -20,7 +20,8 @@ the child's Session's, the run directory comes with Ready, the outcome with Fini
 child that dies without Finished (kill -9, a crash) is an outcome too, in words.
 
 The run is an ordinary Session (loadgen.run.session): recorded, watched,
-published with --publish, its summary written into the run directory.
+published with --publish, its figures served for Prometheus with --prometheus-port (from
+this child, where the run runs), its summary written into the run directory.
 """
 
 from __future__ import annotations

@@ -27,7 +27,9 @@ Before the load, a --url that does not answer yet may be waited for (`wait`: the
 end says how long), and a stop asked meanwhile ends the wait.
 
 Sinks see a RunHandle (loadgen.run.sinks), not the Session: the run's id, its control,
-its load now and the MQTT link's state.
+its load now and the MQTT link's state. With --prometheus-port the Session serves its
+figures too (loadgen.run.prometheus): bound before the run directory and the load, so a
+port in use refuses the run in one line (exit code 2) and nothing has started.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Where a session's Snapshots go besides the recording: progress lines and MQTT.
+"""Where a session's Snapshots go besides the recording: progress lines and MQTT (here), the
+Prometheus endpoint (loadgen.run.prometheus, --prometheus-port).
 
 A sink is told when the run has started (with a RunHandle: what it may know of the run
 and ask of it, not the whole Session), sees every Snapshot (after the watch and the
