@@ -461,7 +461,7 @@ class Coordinator:
             max_in_flight=s.max_in_flight if open_loop else None,
             in_flight=sum(self._in_flight.values()),
             backlog=sum(self._backlog.values()),
-            warmup=self.steer.load_started is None,
+            warmup=self.steer.warming_up,
             stalled=sum(s.stalled for s in self._stalled.values()),
             stalled_first=sum(s.stalled_first for s in self._stalled.values()),
             health=self._outages.health,

@@ -48,7 +48,10 @@ class Steering:
         self.spec = cfg.load_spec()
         self.ramp = parsed.ramp
         self.auto: AutoRamp | None = None
-        self.load_started: float | None = None  # elapsed seconds when warm-up ended
+        # elapsed seconds when the measured load began: the warm-up's end, or an auto-ramp's
+        # settled load's (None while neither is over: warming_up)
+        self.load_started: float | None = None
+        self._restart = False  # an auto-ramp began: the measurement starts again after it
         self.elapsed = 0.0
         self._recent: deque[tuple[float, int, int]] = deque()  # (t, ok, failed)
 
@@ -81,13 +84,33 @@ class Steering:
             self.say("operator", f"switched to {self.load_text()} ({msg.source}){later}")
 
     def _start_auto_ramp(self, source: str) -> None:
-        cfg = self.cfg
+        """From the load the run has now (the streams, or the rate in open loop), never past
+        --auto-ramp-max; the run's measurement stops until it has settled (warming_up)."""
+        cfg, spec = self.cfg, self.spec
         self.ramp = None
-        self.auto = AutoRamp(self.parsed.slos, hold_s=cfg.auto_ramp_hold,
-                             warmup_s=cfg.auto_ramp_warmup)
-        self.spec = msgspec.structs.replace(self.spec, mode="closed", concurrency=self.auto.load)
-        self.say("operator", f"auto-ramp started ({source}): doubling from "
-                 f"{self.auto.load} stream while the SLOs hold ({cfg.slo or 'knee rule'})")
+        now = spec.concurrency if spec.mode == "closed" else spec.rate
+        self.auto = AutoRamp(self.parsed.slos, start=now, hold_s=cfg.auto_ramp_hold,
+                             warmup_s=cfg.auto_ramp_warmup, max_load=cfg.auto_ramp_max,
+                             mode=spec.mode)
+        self.load_started = None  # the exploration is the run's warm-up: see warming_up
+        self._restart = True
+        self._set_main_value(self.auto.load)
+        self.say("operator", f"auto-ramp started ({source}): {self._auto_start_text(now)}")
+
+    def _auto_start_text(self, now: float) -> str:
+        auto, slo = self.auto, self.cfg.slo
+        assert auto is not None
+        if auto.load == now:
+            start = f"{auto.words(auto.load)} (the load now)"
+        elif auto.load < now:
+            start = f"{auto.words(auto.load)} (the --auto-ramp-max ceiling)"
+        else:
+            start = f"{auto.words(auto.load)} ({auto.words(now)} sends nothing)"
+        judged = ("throughput scales (the knee rule: no --slo)" if auto.by_knee
+                  else f"the SLOs hold ({slo})")
+        return (f"from {start}, doubling while {judged}, at most "
+                f"{auto.words(auto.max_load)} (--auto-ramp-max); the run's results start "
+                "again once it settles")
 
     def _manual_change(self, op: str, v: float, source: str, paused: bool) -> None:
         """A manual change takes control back from a ramp."""
@@ -116,15 +139,20 @@ class Steering:
 
     # ---- once a tick ---------------------------------------------------------------------
 
+    @property
+    def warming_up(self) -> bool:
+        """This tick is not measured (LoadState.warmup): --warmup, or an auto-ramp that has
+        not settled yet (its exploration is left out of the run's results, so that the
+        summary, the SLO verdicts and the exit code are the settled load's)."""
+        return self.load_started is None
+
     def advance(self, elapsed: float, running: bool) -> None:
         """Before the tick is collected: warm-up, the ramp's value now."""
         self.elapsed = elapsed
-        if self.load_started is None and elapsed >= self.cfg.warmup:
-            # without a warm-up the load is measured from the start (as the windows are);
-            # with one, from the tick in which it ended (the windows forget up to there)
-            self.load_started = elapsed if self.cfg.warmup > 0 else 0.0
-            if self.cfg.warmup > 0:
-                self.say("run", f"warm-up over after {self.cfg.warmup:g} s: measuring")
+        auto = self.auto
+        exploring = auto is not None and not auto.measuring(elapsed)
+        if self.load_started is None and elapsed >= self.cfg.warmup and not exploring:
+            self._measure_from(elapsed)
         if self.ramp is not None and running:
             before = self.spec
             self._set_main_value(self.ramp.value_at(elapsed))
@@ -133,6 +161,21 @@ class Steering:
             if self.ramp.finished(elapsed):
                 self.say("run", f"ramp finished at {self.load_text()}")
                 self.ramp = None
+
+    def _measure_from(self, elapsed: float) -> None:
+        """The measured load begins (--duration counts from here)."""
+        if self._restart:
+            # after an auto-ramp (settled, or stopped by a manual change): from this tick on
+            self._restart = False
+            self.load_started = elapsed
+            self.say("run", f"measuring {self.load_text()} from here: the run's results start "
+                     "again (the auto-ramp's exploration is left out of them)")
+            return
+        # without a warm-up the load is measured from the start (as the windows are); with
+        # one, from the tick in which it ended (the windows forget up to there)
+        self.load_started = elapsed if self.cfg.warmup > 0 else 0.0
+        if self.cfg.warmup > 0:
+            self.say("run", f"warm-up over after {self.cfg.warmup:g} s: measuring")
 
     def after_tick(self, elapsed: float, dense: dict[str, np.ndarray], counters: Counters,
                    running: bool) -> None:
@@ -143,9 +186,11 @@ class Steering:
         nxt = auto.observe(elapsed, dense, counters)
         if nxt is None:
             return
-        self.spec = msgspec.structs.replace(self.spec, concurrency=nxt)
+        self._set_main_value(nxt)
         self.apply(self.spec)
-        self.say("run", auto.describe(elapsed))
+        settled = (f"; measured afresh after a {units.duration(auto.warmup_s)} warm-up"
+                   if auto.settled else "")
+        self.say("run", auto.describe(elapsed) + settled)
 
     def note(self, running: bool) -> str | None:
         """What the load is doing by itself, for LoadState.note."""

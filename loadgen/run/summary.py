@@ -97,6 +97,9 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
         "itl_estimated": run.itl_estimated,
         "clipped_samples": run.clipped_samples,  # latencies above 1 h, recorded at 1 h
         "server": msgspec.to_builtins(last.server) if last and last.server else None,
+        # what the load did by itself at the end, in words: an auto-ramp's settle (where, and
+        # every step it tried with its verdict; the figures above are from the settle on)
+        "load_note": last.load.note if last else None,
         "finished_at": time.time(),
     }
 
@@ -192,7 +195,9 @@ def _input_per_request(run: WindowStats) -> dict | None:
 
 
 def exit_status(summary: dict, recording_failed: str | None = None) -> tuple[int, str]:
-    """The exit code and its one-line reason, from the summary (and a recording failure)."""
+    """The exit code and its one-line reason, from the summary (and a recording failure).
+    A run that did anything ends with its "done:" figures, whatever the code: a failed
+    threshold or a recording failure is said first, the done line after it."""
     req = summary["requests"]
     ok, failed = req["ok"], req["failed"]
     drain = summary.get("drain") or {}
@@ -203,13 +208,21 @@ def exit_status(summary: dict, recording_failed: str | None = None) -> tuple[int
             kinds = ", ".join(f"{n}× {k}" for k, n in sorted(req["errors"].items()))
             return EXIT_NOTHING_SUCCEEDED, f"every request failed ({kinds})"
         return EXIT_NOTHING_SUCCEEDED, "no request completed; run longer or check the server"
+    done = done_text(summary)
     failing = [t for t in summary.get("thresholds") or [] if not t["passed"]]
     if failing:
-        return EXIT_THRESHOLD_FAILED, "threshold failed: " + "; ".join(t["shown"] for t in failing)
+        return EXIT_THRESHOLD_FAILED, ("threshold failed: "
+                                       + "; ".join(t["shown"] for t in failing) + f" | {done}")
     if recording_failed:
-        return EXIT_RECORDING_FAILED, f"recording failed, load stopped: {recording_failed}"
-    tput = summary["throughput"]
-    done = (f"done: {ok} requests ok, {failed} failed, "
+        return EXIT_RECORDING_FAILED, f"recording failed, load stopped: {recording_failed} | {done}"
+    return EXIT_OK, done
+
+
+def done_text(summary: dict) -> str:
+    """"done: N requests ok, M failed, … tok/s over T s" and what a reader must know of it."""
+    req, tput = summary["requests"], summary["throughput"]
+    drain = summary.get("drain") or {}
+    done = (f"done: {req['ok']} requests ok, {req['failed']} failed, "
             f"{tput['output_tok_s'] or 0:.0f} output tok/s over {summary['duration_s']:.1f} s")
     prompt = summary["tokens"].get("input_per_request")
     if prompt and prompt["differs"]:
@@ -223,7 +236,7 @@ def exit_status(summary: dict, recording_failed: str | None = None) -> tuple[int
                  "cancelled")
     if summary.get("recording_error"):  # --on-disk-full=continue: say so in the last line too
         done += f"; recording stopped early: {summary['recording_error']}"
-    return EXIT_OK, done
+    return done
 
 
 def final_line(summary: dict) -> str:
@@ -246,6 +259,8 @@ def final_line(summary: dict) -> str:
     slo = (summary.get("config") or {}).get("slo")
     if goodput is not None and parse_slos(slo).per_request is not None:
         line += f" | goodput {units.rate(goodput, 'req/s')} within the --slo"
+    if summary.get("load_note"):  # an auto-ramp's exploration, after the settled figures
+        line += f" | {summary['load_note']}"
     return line
 
 
