@@ -207,7 +207,7 @@ class OutageTracker:
         self.health: Health = "up"
         self.current: Outage | None = None  # the quiet span with evidence, or the outage
         self.announced = False  # current has been held min_s: it is an outage
-        self.stall_since: float | None = None  # end of the tick a stall episode began
+        self.stall_since: float | None = None  # when the stall began: its streams' last byte
         self.covered_s = 0.0  # every tick's interval: the time Snapshots covered
         self.outage_s = 0.0  # of which inside announced outages
         self._quiet: Outage | None = None  # the current quiet span, evidence or not
@@ -314,19 +314,23 @@ class OutageTracker:
 
     def _stall_began(self, tick: Tick) -> list[Change]:
         if tick.stalled > 0 and self.stall_since is None:
-            self.stall_since = tick.t
+            # the workers call a stream stalled STALL_AFTER_S after its last byte: the stall
+            # began that long before it is seen (at least: a first token's wait is longer)
+            self.stall_since = tick.t - STALL_AFTER_S
             return [Change("stall", "warn", f"{tick.stalled} of {tick.in_flight} streams in "
                            f"flight have received nothing for ≥{STALL_AFTER_S:g} s (server "
-                           "frozen?)", tick.t, since=tick.t, count=tick.stalled)]
+                           "frozen?)", tick.t, since=self.stall_since, count=tick.stalled)]
         return []
 
     def _stall_ended(self, tick: Tick) -> list[Change]:
         if tick.stalled == 0 and self.stall_since is not None:
-            lasted = tick.t - self.stall_since
-            self.stall_since = None
-            return [Change("stall", "info", f"stall over after {units.duration(lasted)}: no "
-                           f"stream in flight has waited ≥{STALL_AFTER_S:g} s for data", tick.t,
-                           since=tick.t - lasted, seconds=lasted)]
+            # from the streams' last byte to the start of the tick in which data came again
+            lasted = max(0.0, tick.t - tick.interval - self.stall_since)
+            since, self.stall_since = self.stall_since, None
+            return [Change("stall", "info", f"stall over after {units.duration(lasted)} "
+                           "without data (from the streams' last byte): no stream in flight "
+                           f"has waited ≥{STALL_AFTER_S:g} s for data", tick.t,
+                           since=since, seconds=lasted)]
         return []
 
     def _health(self, tick: Tick) -> Health:
