@@ -26,6 +26,36 @@ def literal(text: str) -> str:
     return text + " " if text.endswith("\\") else text
 
 
+# ------------------------------------------------------------------ fitting a width
+
+def cells(markup: str) -> int:
+    """Columns `markup` takes on a terminal (its plain text's cell length)."""
+    return Content.from_markup(markup).cell_length
+
+
+def first_fit(width: int, *candidates: str) -> str:
+    """The first candidate that fits `width` columns, else the last (the shortest a caller
+    has): a panel offers a line from the fullest to the barest wording, so that a narrow
+    terminal loses words, never the figure at the end of a cut line."""
+    for markup in candidates:
+        if cells(markup) <= width:
+            return markup
+    return candidates[-1]
+
+
+def joined_to_fit(width: int, head: str, parts: list[str], sep: str = "  ") -> str:
+    """`head` then as many of `parts` (most important first) as fit in `width` columns."""
+    line = head
+    for part in parts:
+        if not part:
+            continue
+        longer = f"{line}{sep}{part}" if line else part
+        if cells(longer) > width:
+            break
+        line = longer
+    return line
+
+
 # ------------------------------------------------------------------ markup → Content
 
 def tidy(markup: str) -> Content:

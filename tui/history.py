@@ -15,7 +15,9 @@ from loadgen.model.snapshot import Counters, Snapshot
 from loadgen.model.windows import SnapshotWindows
 
 # the only latencies the console summarises each redraw (the rest cost CPU for nothing)
-SHOWN_METRICS = ("ttft", "ttfa", "itl", "tpot", "e2e")  # ttfa: reasoning models only
+# ttfa: reasoning models only; ttft_co, e2e_co and lag: open loop only (a metric with no
+# samples costs nothing: windows summarise only those they hold)
+SHOWN_METRICS = ("ttft", "ttfa", "itl", "tpot", "e2e", "ttft_co", "e2e_co", "lag")
 
 BUCKET_S = 2.0
 KEEP = 300  # buckets: 10 minutes at 2 s

@@ -24,7 +24,7 @@ from loadgen.model.snapshot import Event, GpuSample, Snapshot, to_json
 from tui.format import MUTED, NO_SAMPLES, literal, tidy
 from tui.view import View
 from tui.widgets.header_bar import HeaderBar
-from tui.widgets.latency_panel import ROWS, WINDOW_NAMES
+from tui.widgets.latency_panel import CO_ROWS, ROWS, WINDOW_NAMES
 
 # ------------------------------------------------------------------------- input modal
 
@@ -183,6 +183,10 @@ class DetailScreen(Screen[None]):
 
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9, 99.99)
+# the `d` screen's rows: the latencies, then (open loop) the corrected ones and the lag
+CO_MEANING = {m: f"{label} co" if m != "lag" else "lag" for m, label in CO_ROWS}
+DIST_ROWS = (*ROWS, *CO_MEANING.items())
+DIST_LABEL_W = 8
 # x positions of the HDR percentile plot: 1 / (1 - p), on a log axis
 X = [1.0 / (1.0 - p / 100.0) for p in PERCENTILES]
 X_LABELS = ["P50", "P90", "P99", "P99.9", "P99.99"]
@@ -205,18 +209,25 @@ class DistributionScreen(DetailScreen):
 
     def curves(self, view: View) -> dict[str, list[int | None]]:
         dense = view.dense
-        return {m: hdr.percentile_curve(dense[m], PERCENTILES) for m, _ in ROWS if m in dense}
+        return {m: hdr.percentile_curve(dense[m], PERCENTILES) for m, _ in DIST_ROWS
+                if m in dense}
 
     def render_detail(self, view: View) -> str:
         curves = self.curves(view)
         name = WINDOW_NAMES.get(view.window, view.window)
-        header = f"{'':6}" + "".join(f"{x:>9}" for x in X_LABELS)
+        header = f"{'':{DIST_LABEL_W}}" + "".join(f"{x:>9}" for x in X_LABELS)
         lines = [f"[{MUTED}]window: {name} (w cycles) · values in the HDR way (3 digits)[/]",
                  f"[{MUTED}]{header}[/]"]
-        for metric, label in ROWS:
+        co = any(m in curves for m, _ in CO_ROWS)
+        for metric, label in DIST_ROWS:
+            if metric in CO_MEANING and not co:
+                continue  # closed loop: there is no intended send time to correct from
+            if metric == CO_ROWS[0][0]:
+                lines.append(f"[{MUTED}]open loop, from the intended send time (coordinated "
+                             "omission corrected), and how late the schedule sent:[/]")
             values = curves.get(metric, [None] * len(PERCENTILES))
             cells = "".join(units.ms(v, missing=NO_SAMPLES).rjust(9) for v in values)
-            lines.append(f"[b]{label:<6}[/]{cells}")
+            lines.append(f"[b]{label:<{DIST_LABEL_W}}[/]{cells}")
         self._plot(curves)
         return "\n".join(lines)
 
@@ -230,7 +241,7 @@ class DistributionScreen(DetailScreen):
         plt.clear_data()
         plt.clear_figure()
         any_data = False
-        for metric, label in ROWS:
+        for metric, label in DIST_ROWS:
             pts = [(x, v / 1000.0) for x, v in zip(X, curves.get(metric, []), strict=False)
                    if v is not None]
             if pts:

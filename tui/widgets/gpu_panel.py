@@ -6,7 +6,7 @@ from __future__ import annotations
 from loadgen.model import units
 from loadgen.model.snapshot import GpuSample, GpuStatus
 from probes.throttle import BENIGN_REASONS
-from tui.format import MUTED, literal
+from tui.format import MUTED, cells, joined_to_fit, literal
 from tui.view import View
 from tui.widgets.panel import Panel
 
@@ -67,26 +67,61 @@ def throttle(g: GpuSample) -> str:
     return f"[{MUTED}]no throttling[/]"
 
 
-def extras(g: GpuSample) -> str:
-    parts = [clocks(g)] if clocks(g) else []
+def extra_parts(g: GpuSample) -> list[str]:
+    """What follows a GPU's figures, most telling first: an uncorrected ECC error and a
+    slowdown, then the clocks, PCIe and benign clock reasons."""
+    reasons = throttle(g)
+    bad = "throttled" in reasons
+    parts = [f"[b $error]ECC uncorrected {g.ecc_uncorrected}[/]"] if g.ecc_uncorrected else []
+    if bad:
+        parts.append(reasons)
+    parts.append(clocks(g))
     if g.pcie_tx_kbs is not None and g.pcie_rx_kbs is not None:
         tx, rx = g.pcie_tx_kbs / 1024, g.pcie_rx_kbs / 1024
         parts.append(f"[{MUTED}]PCIe[/] ↑{tx:.0f} ↓{rx:.0f} MB/s")
-    if g.ecc_uncorrected:
-        parts.append(f"[b $error]ECC uncorrected {g.ecc_uncorrected}[/]")
-    reasons = throttle(g)
-    if reasons:
+    if not bad:
         parts.append(reasons)
-    return "  ".join(parts)
+    return [p for p in parts if p]
 
 
-def gpu_line(g: GpuSample, width: int, tag_simulated: bool, two_lines: bool) -> str:
+def extras(g: GpuSample) -> str:
+    return "  ".join(extra_parts(g))
+
+
+# the columns of a GPU line beside its name and bar: index 2, memory 14, util 10, power 10,
+# temperature 4, and the blanks between
+FIXED_W = 2 + 1 + 1 + 1 + 14 + 1 + 10 + 1 + 10 + 1 + 4
+NAME_MAX, NAME_MIN, BAR_MIN, BAR_MAX = 32, 8, 6, 40
+
+
+def name_and_bar(name: str, room: int) -> tuple[int, int]:
+    """(name width, bar width) in `room` columns: the whole name up to NAME_MAX, the bar
+    what is left (BAR_MIN..BAR_MAX); a narrow line shortens the bar before the name."""
+    name_w = min(len(short_name(name, NAME_MAX)), NAME_MAX)
+    bar_w = room - name_w
+    if bar_w < BAR_MIN:
+        name_w = max(NAME_MIN, room - BAR_MIN)
+        bar_w = BAR_MIN
+    return name_w, min(BAR_MAX, bar_w)
+
+
+def gpu_line(g: GpuSample, width: int, tag_simulated: bool, two_lines: bool,
+             name_w: int | None = None) -> str:
+    """One GPU's figures; `name_w`: the width every row's name gets (so they line up)."""
     if g.lost:
         why = literal(g.message or "fell off the bus")
         return f"[b]{g.index}[/] {literal(short_name(g.name, 12))} [b $error]lost: {why}[/]"
-    # fixed parts: index 2, memory 14, util 11, power 10, temperature 4, gaps
-    name_w = 12 if width < 90 else 22
-    bar_w = max(6, min(40, width - name_w - 50))
+    tag = " [$accent]simulated[/]" if tag_simulated and g.simulated else ""
+    more = extra_parts(g)
+    room = width - FIXED_W - cells(tag)  # for the name, the bar and what follows
+    if name_w is None:
+        name_w = name_and_bar(g.name, room)[0]
+    # one line: the most telling extra follows, while the bar keeps BAR_MIN; else it is
+    # left out whole (the `g` screen has it), never cut
+    after = f"  {more[0]}" if more and not two_lines else ""
+    if room - name_w - cells(after) < BAR_MIN:
+        after = ""
+    bar_w = min(BAR_MAX, max(BAR_MIN, room - name_w - cells(after)))
     parts = [
         f"[b]{g.index}[/] {literal(short_name(g.name, name_w).ljust(name_w))}",
         bar(g.memory_used_bytes, g.memory_total_bytes, bar_w),
@@ -95,17 +130,10 @@ def gpu_line(g: GpuSample, width: int, tag_simulated: bool, two_lines: bool) -> 
         power(g).rjust(10),
         temperature(g),
     ]
-    line = " ".join(parts)
-    if tag_simulated and g.simulated:
-        line += " [$accent]simulated[/]"
-    more = extras(g)
-    if two_lines:
-        if more:
-            line += f"\n{' ' * (name_w + 3)}{more}"
-    else:
-        # one line: the slowdown matters more than the clock, so it goes first
-        reasons = throttle(g)
-        line += f"  {reasons}" if "throttled" in reasons else f"  {clocks(g)}"
+    line = " ".join(parts) + tag + after
+    if two_lines and more:
+        indent = " " * (name_w + 3)
+        line += "\n" + joined_to_fit(width, indent + more[0], more[1:])
     return line
 
 
@@ -116,7 +144,11 @@ def gpu_lines(status: GpuStatus, width: int, two_lines: bool = False) -> tuple[b
         return False, [f"[$warning]{literal(why)}[/]"]
     all_sim = status.source == "simulated" or all(g.simulated for g in status.gpus)
     # when every GPU is simulated the title says so once; mixed sets tag each row
-    return all_sim, [gpu_line(g, width, not all_sim, two_lines) for g in status.gpus]
+    # one name width for every row, so their bars and figures line up
+    names = [name_and_bar(g.name, width - FIXED_W - (0 if all_sim else cells(" simulated")))[0]
+             for g in status.gpus if not g.lost]
+    name_w = min(names) if names else None
+    return all_sim, [gpu_line(g, width, not all_sim, two_lines, name_w) for g in status.gpus]
 
 
 # tokens per joule moves in the title only when it moved by this much: a changed title

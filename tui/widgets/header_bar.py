@@ -12,7 +12,7 @@ from loadgen.model import units
 from loadgen.model.kinds import SourceKind
 from loadgen.model.snapshot import Snapshot
 from loadgen.model.source import ReplayStatus
-from tui.format import MUTED, literal, tidy
+from tui.format import MUTED, first_fit, literal, tidy
 
 STATE_COLOURS = {
     "running": "$success",
@@ -53,6 +53,12 @@ def replay_markup(replay: ReplayStatus, elapsed: float) -> str:
     return out
 
 
+def host_port(url: str) -> str:
+    """The address of a URL without its scheme and path: 127.0.0.1:8000."""
+    rest = url.split("://", 1)[-1]
+    return rest.split("/", 1)[0] or url
+
+
 def trouble(snap: Snapshot) -> str:
     """What loadgen.model.outage judges short of an outage: errors among successes, and
     streams that receive nothing (a frozen server)."""
@@ -80,6 +86,7 @@ def header_markup(
     outage: bool = False,
     source_kind: SourceKind = "live",
     replay: ReplayStatus | None = None,
+    width: int = 10**6,
 ) -> str:
     """State first: on a narrow terminal the URL is what gets cut, not the run state."""
     state = "error" if error and snap is None else "stopped" if ended else None
@@ -100,10 +107,19 @@ def header_markup(
         elapsed = f"  {units.elapsed(snap.elapsed)}"
         if replay is not None:  # its position / length replaces the elapsed time
             tag, elapsed = f"{replay_markup(replay, snap.elapsed)}  ", ""
-        line = (
-            f"[b]tokentop[/]  {tag}{state_badge(run_state, label)}"
-            f"{elapsed}  [{MUTED}]{literal(load_mode(snap))}[/]{warm}{sim}"
-            f"{eng}  [b]{literal(snap.target.model)}[/] [{MUTED}]@[/] {literal(snap.target.url)}"
+        head = (f"[b]tokentop[/]  {tag}{state_badge(run_state, label)}"
+                f"{elapsed}  [{MUTED}]{literal(load_mode(snap))}[/]{warm}{sim}")
+        model = f"[b]{literal(snap.target.model)}[/]"
+        engine_name = f"  {literal(engine)}" if engine else ""
+        url, short_url = literal(snap.target.url), literal(host_port(snap.target.url))
+        # narrow: the words go first, then the URL's scheme and path; the address stays
+        line = first_fit(
+            width,
+            f"{head}{eng}  {model} [{MUTED}]@[/] {url}",
+            f"{head}{engine_name}  {model} [{MUTED}]@[/] {url}",
+            f"{head}{engine_name}  {model} [{MUTED}]@[/] {short_url}",
+            f"{head}  {model} [{MUTED}]@[/] {short_url}",
+            f"{head}  {model}",
         )
     if error:
         line += f"\n[b $error]✖ {literal(error)}[/]"
@@ -139,7 +155,8 @@ class HeaderBar(Static):
         replay: ReplayStatus | None = None,
     ) -> None:
         markup = header_markup(snap, description=description, ended=ended, error=error,
-                               outage=outage, source_kind=source_kind, replay=replay)
+                               outage=outage, source_kind=source_kind, replay=replay,
+                               width=self.content_size.width or 10**6)
         if markup != self._markup:
             # a layout pass only when the header's height changes (an error line comes or
             # goes): the clock changes the text every second, not the height

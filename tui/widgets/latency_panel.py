@@ -10,21 +10,26 @@ under the table says PASS or FAIL and which limit is breached, in words.
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.content import Content
 
 from loadgen.model import units
 from loadgen.model.hdr import Summary
 from loadgen.model.slo import Slos, holds
 from loadgen.model.windows import WindowStats
-from tui.format import MUTED, NO_SAMPLES
+from tui.format import MUTED, NO_SAMPLES, cells, first_fit
 from tui.view import View
 from tui.widgets.chart import Chart
-from tui.widgets.panel import Panel
+from tui.widgets.panel import Panel, keep_within
 
 ROWS = (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2E"))
 # a reasoning model's run: time to the first answer token joins, under TTFT
 REASONING_ROWS = (ROWS[0], ("ttfa", "TTFA"), *ROWS[1:])
 COLS = (("p50", "P50"), ("p90", "P90"), ("p99", "P99"), ("p99.9", "P99.9"), ("max", "max"))
+# narrow: the least telling columns go first (max still shows the tail beyond P99)
+NARROW_COLS = (COLS[0], COLS[1], COLS[2], COLS[4])
+NARROWEST_COLS = (COLS[0], COLS[2], COLS[4])
+# open loop: latencies from the intended send time (coordinated omission corrected) and the
+# schedule's lag (how late each request went out), in the Snapshot's names
+CO_ROWS = (("ttft_co", "TTFT"), ("e2e_co", "E2E"), ("lag", "lag"))
 # with room to spare, the mean and the sample count join in
 WIDE_COLS = (*COLS, ("mean", "mean"))
 LABEL_W = 4
@@ -32,6 +37,7 @@ COL_W = 8
 WIDE_AT = LABEL_W + COL_W * len(WIDE_COLS) + 8
 # marks a cell that breaks its SLO, beside the red (see `?` help)
 BREACH = "!"
+EST = " [$warning]est.[/]"
 WINDOW_NAMES = {"10s": "10 s", "1m": "1 min", "10m": "10 min", "run": "whole run"}
 
 
@@ -70,13 +76,14 @@ def table(
     cols: tuple[tuple[str, str], ...],
     wide: bool,
     slos: Slos | None = None,
+    rows: tuple[tuple[str, str], ...] | None = None,
+    heading: bool = True,
 ) -> list[str]:
     header = f"{'':{LABEL_W}}" + "".join(name.rjust(COL_W) for _, name in cols)
     if wide:
         header += "n".rjust(COL_W)
-    lines = [f"[{MUTED}]{header}[/]"]
-    ttfa = stats.latency.get("ttfa") if stats else None
-    for metric, label in REASONING_ROWS if ttfa and ttfa.get("count") else ROWS:
+    lines = [f"[{MUTED}]{header}[/]"] if heading else []
+    for metric, label in rows or shown_rows(stats):
         summary = stats.latency.get(metric) if stats else None
         line = f"[b]{label.ljust(LABEL_W)}[/]" + "".join(
             cell(summary, metric, k, slos) for k, _ in cols
@@ -87,9 +94,59 @@ def table(
         if metric == "itl" and stats is not None and stats.itl_estimated:
             # no per-chunk usage and no tokenizer: each request's count was split over its
             # chunks by their text (or, with no usage at all, one token a chunk)
-            line += " [$warning]est.[/]"
+            line += EST
         lines.append(line)
     return lines
+
+
+def shown_rows(stats: WindowStats | None) -> tuple[tuple[str, str], ...]:
+    ttfa = stats.latency.get("ttfa") if stats else None
+    return REASONING_ROWS if ttfa and ttfa.get("count") else ROWS
+
+
+def columns(width: int, stats: WindowStats | None) -> tuple[tuple[tuple[str, str], ...], bool]:
+    """(columns, with the count) that fit `width`: mean and count with room to spare;
+    P99.9 goes first when narrow (max still shows the tail), then P90."""
+    est = cells(EST) if stats is not None and stats.itl_estimated else 0
+    if width >= WIDE_AT:
+        return WIDE_COLS, True
+    for cols in (COLS, NARROW_COLS, NARROWEST_COLS):
+        if LABEL_W + COL_W * len(cols) + est <= width:
+            return cols, False
+    return NARROWEST_COLS, False
+
+
+def co_present(stats: WindowStats | None) -> bool:
+    """Open loop measured from the intended send time: the corrected figures exist."""
+    return stats is not None and any(
+        (stats.latency.get(m) or {}).get("count") for m, _ in CO_ROWS)
+
+
+def co_rows(stats: WindowStats | None, cols: tuple[tuple[str, str], ...], wide: bool,
+            width: int) -> list[str]:
+    """The coordinated-omission corrected rows under their caption (open loop, tall)."""
+    caption = first_fit(width, f"[{MUTED}]from the intended send time (coordinated omission):[/]",
+                        f"[{MUTED}]corrected for coordinated omission:[/]",
+                        f"[{MUTED}]CO-corrected:[/]")
+    return [caption, *table(stats, cols, wide, rows=CO_ROWS, heading=False)]
+
+
+def co_line(stats: WindowStats | None, width: int) -> str:
+    """The corrected P99s in one line (a short screen): TTFT and E2E from the intended send
+    time, and how late the schedule sent (lag)."""
+    def p99(metric: str) -> str:
+        summary = stats.latency.get(metric) if stats else None
+        return units.ms(summary.get("p99") if summary else None, missing=NO_SAMPLES)
+
+    ttft, e2e, lag = (f"[b]{p99('ttft_co')}[/]", f"[b]{p99('e2e_co')}[/]", p99("lag"))
+    return first_fit(
+        width,
+        f"[{MUTED}]CO-corrected P99[/] TTFT {ttft}  E2E {e2e}  [{MUTED}]lag[/] {lag}",
+        f"[{MUTED}]CO P99[/]  TTFT {ttft}  E2E {e2e}  [{MUTED}]lag[/] {lag}",
+        f"[{MUTED}]CO P99[/] TTFT {ttft} E2E {e2e} [{MUTED}]lag[/] {lag}",
+        f"[{MUTED}]CO P99[/] TTFT {ttft} E2E {e2e}",
+        f"[{MUTED}]CO P99[/] TTFT {ttft}",
+    )
 
 
 def slo_checks(slos: Slos, stats: WindowStats | None) -> list[tuple[str, bool | None]]:
@@ -130,13 +187,11 @@ def slo_line(slos: Slos | None, width: int, stats: WindowStats | None = None) ->
         for text, met in checks
     ]
     line = f"{verdict} " + f"[{MUTED}],[/] ".join(parts)
-    return line if len(Content.from_markup(line).plain) <= width else _short(verdict, checks)
-
-
-def _short(verdict: str, checks: list[tuple[str, bool | None]]) -> str:
-    """A narrow panel: the verdict and the breached limits only."""
     breached = [text for text, met in checks if met is False]
-    return verdict + (f" [$error]{', '.join(breached)}[/]" if breached else "")
+    # a narrow panel: the verdict and the breached limits only, else how many
+    short = verdict + (f" [$error]{', '.join(breached)}[/]" if breached else "")
+    many = f"{verdict} [$error]{len(breached)} limits breached[/]"
+    return first_fit(width, line, short, many if len(breached) > 1 else short)
 
 
 class LatencyPanel(Panel):
@@ -153,16 +208,21 @@ class LatencyPanel(Panel):
                     classes="chart", id="latency-chart")
 
     def render_view(self, view: View, width: int) -> tuple[str, str]:
-        wide = width >= WIDE_AT
-        cols = WIDE_COLS if wide else COLS
-        lines = table(view.stats.get(view.window), cols, wide, view.slos)
-        title = f"{self.TITLE} · {WINDOW_NAMES.get(view.window, view.window)} (w)"
-        slo = slo_line(view.slos, width, view.stats.get(view.window))
+        stats = view.stats.get(view.window)
+        cols, wide = columns(width, stats)
+        lines = [(line, 0) for line in table(stats, cols, wide, view.slos)]
+        slo = slo_line(view.slos, width, stats)
         if slo:
-            lines.append(slo)
+            lines.append((slo, 0))
+        if co_present(stats):  # open loop: under the verdict, which judges the table above
+            if self._tall():
+                lines += [(line, 1) for line in co_rows(stats, cols, wide, width)]
+            else:
+                lines.append((co_line(stats, width), 1))
+        title = f"{self.TITLE} · {WINDOW_NAMES.get(view.window, view.window)} (w)"
         limit = slo_limit(view.slos, "ttft", "p99")
         self._slo_limit = limit[1] / 1000.0 if limit else None  # the chart is in ms
-        return title, "\n".join(lines)
+        return title, "\n".join(keep_within(lines, self.line_budget()))
 
     def show_extra(self, view: View, width: int) -> None:
         # a redraw may come before the panel's children are mounted (a screen coming up)

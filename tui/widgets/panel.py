@@ -18,6 +18,24 @@ from textual.widgets import Static
 from tui.format import tidy
 from tui.view import View
 
+# Content rows a grid panel may take below the "-tall" breakpoint: at 80x24 two rows of
+# panels, each a rule and 7 lines, leave the GPU panel and 3 rows of events their room.
+# One more line would push the screen past the terminal's height (a scrollbar then takes
+# two columns from every panel, and the events log is lost).
+SHORT_LINES = 7
+
+
+def keep_within(lines: list[tuple[str, int]], budget: int | None) -> list[str]:
+    """The lines (markup, rank) in their order, the highest ranks left out first (the last
+    of equals first) until `budget` lines remain; rank 0 always stays. None: no limit."""
+    kept = list(lines)
+    while budget is not None and len(kept) > budget:
+        worst = max(range(len(kept)), key=lambda i: (kept[i][1], i))
+        if kept[worst][1] == 0:
+            break
+        del kept[worst]
+    return [markup for markup, _ in kept]
+
 
 class Line(Static):
     DEFAULT_CSS = """
@@ -138,6 +156,10 @@ class Panel(Vertical):
     def _tall(self) -> bool:
         # the screen carries "-tall" (App.VERTICAL_BREAKPOINTS) when there are rows to spare
         return self.is_attached and self.screen.has_class("-tall")
+
+    def line_budget(self) -> int | None:
+        """How many lines the panel may take: SHORT_LINES on a short screen, else any."""
+        return None if self._tall() else SHORT_LINES
 
     def _wide(self) -> bool:
         if not self.is_attached:

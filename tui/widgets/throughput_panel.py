@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from loadgen.model import units
 from loadgen.model.snapshot import Counters
 from loadgen.model.windows import WindowStats
-from tui.format import MUTED
+from tui.format import MUTED, first_fit
 from tui.view import View
 from tui.widgets.chart import Chart
 from tui.widgets.panel import Panel
@@ -32,7 +32,8 @@ def per_user(s: WindowStats | None) -> float | None:
     return s.user_tok_s["p50"] if s else None
 
 
-def rate_rows(stats: Mapping[str, WindowStats], windows: list[str], goodput: bool) -> list[str]:
+def rate_rows(stats: Mapping[str, WindowStats], windows: list[str], goodput: bool,
+              width: int = 10**6) -> list[str]:
     picked = [stats.get(w) for w in windows]
     estimated = any(s is not None and s.tokens_estimated for s in picked)
     header = f"{'':{LABEL_W}}" + "".join(w.rjust(COL_W) for w in windows)
@@ -46,7 +47,10 @@ def rate_rows(stats: Mapping[str, WindowStats], windows: list[str], goodput: boo
     if goodput:
         rows.append(_row("goodput", [units.rate(s.goodput_req_s if s else None) for s in picked]))
     else:
-        rows.append(f"[{MUTED}]{'goodput'.ljust(LABEL_W)}n/a: no per-request --slo[/]")
+        label = 'goodput'.ljust(LABEL_W)
+        rows.append(first_fit(width, f"[{MUTED}]{label}n/a: no per-request --slo[/]",
+                              f"[{MUTED}]{label}n/a: per-request --slo[/]",
+                              f"[{MUTED}]{label}n/a (--slo)[/]"))
     return rows
 
 
@@ -63,15 +67,15 @@ def prompt_row(run: WindowStats | None, lengths: str | None = None) -> list[str]
     return [f"[{MUTED}]{'prompt'.ljust(LABEL_W)}[/]{text}"]
 
 
-def total_rows(c: Counters, compact: bool) -> list[str]:
+def total_rows(c: Counters, compact: bool, width: int = 10**6) -> list[str]:
     """Run totals; compact (narrow) is one line, failures being in the Load panel already."""
     failed = f"[$error]{units.count(c.requests_failed)}[/]" if c.requests_failed else "0"
     est = EST if c.estimated_output_tokens else ""
     if compact:
-        return [
-            f"[{MUTED}]{'total'.ljust(LABEL_W)}[/]{units.count(c.requests_ok)} req"
-            f" · {units.count(c.output_tokens)} tok{est}"
-        ]
+        label = f"[{MUTED}]{'total'.ljust(LABEL_W)}[/]"
+        req, tok = units.count(c.requests_ok), units.count(c.output_tokens)
+        return [first_fit(width, f"{label}{req} req · {tok} tok{est}",
+                          f"{label}{req} req · {tok} tok", f"{label}{tok} tok{est}")]
     return [
         f"[{MUTED}]{'requests'.ljust(LABEL_W)}[/]{units.count(c.requests_ok)} ok · {failed} failed",
         f"[{MUTED}]{'tokens'.ljust(LABEL_W)}[/]{units.count(c.output_tokens)} out"
@@ -89,9 +93,9 @@ class ThroughputPanel(Panel):
         wide = width >= WIDE_AT
         windows = ["10s", "1m", "run"] if wide else ["10s", "run"]
         goodput = view.slos is not None and view.slos.per_request is not None
-        lines = rate_rows(view.stats, windows, goodput)
+        lines = rate_rows(view.stats, windows, goodput, width)
         compact = not (wide and self._tall())
-        lines += total_rows(view.snap.counters, compact)
+        lines += total_rows(view.snap.counters, compact, width)
         if not compact:
             lines += prompt_row(view.stats.get("run"), view.snap.target.lengths)
         return self.TITLE, "\n".join(lines)
