@@ -19,20 +19,21 @@ from typing import NamedTuple
 class Command(NamedTuple):
     module: str  # under tui.commands
     function: str = "main"  # main(argv: list[str]) -> int
+    about: str = ""  # one line for `tokentop --help`
 
 
 COMMANDS: dict[str, Command] = {
-    "run": Command("console", "run_main"),
-    "sweep": Command("sweep"),
-    "eval": Command("eval"),
-    "replay": Command("replay"),
-    "report": Command("report"),
-    "compare": Command("compare"),
-    "agent": Command("agent"),
-    "fleet": Command("fleet"),
-    "sim": Command("sim"),
-    "calibrate": Command("calibrate"),
-    "probe": Command("probe"),
+    "run": Command("console", "run_main", "one run: the console, or --headless lines"),
+    "sweep": Command("sweep", about="raise the load step by step; find the knee"),
+    "eval": Command("eval", about="the evaluation battery of a serving framework"),
+    "replay": Command("replay", about="the console, fed from a run directory"),
+    "report": Command("report", about="a soak report of a run directory"),
+    "compare": Command("compare", about="runs or sweeps side by side"),
+    "agent": Command("agent", about="a headless run that publishes to an MQTT fleet"),
+    "fleet": Command("fleet", about="the console of a fleet of agents"),
+    "sim": Command("sim", about="the simulated OpenAI-compatible server alone"),
+    "calibrate": Command("calibrate", about="measure tokentop's own timing error here"),
+    "probe": Command("probe", about="what tokentop sees of a server, GPUs and host, once"),
 }
 CONSOLE = Command("console")  # no subcommand: the live console
 

@@ -34,7 +34,12 @@ API_KEY_ENV = "OPENAI_API_KEY"  # the default of --api-key-file
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but an error is one line that says what to do."""
+    """argparse, but an error is one line that says what to do, and --help says each
+    option's default (DefaultsFormatter) unless told otherwise."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:  # type: ignore[override]
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
@@ -385,7 +390,8 @@ def headers_from(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
 def add_length_arguments(g: argparse._ActionsContainer) -> None:
     """How long the run goes on: what a sweep's steps and an eval's phases set."""
     g.add_argument("--duration", type=seconds,
-                   help="seconds of load after warm-up, then stop (90, 20m, 24h)")
+                   help="seconds of load after warm-up, then stop (90, 20m, 24h; default: "
+                   "until stopped)")
     g.add_argument("--requests", dest="max_requests", type=whole(1),
                    help="stop after this many requests")
 
@@ -393,7 +399,7 @@ def add_length_arguments(g: argparse._ActionsContainer) -> None:
 def add_judging_arguments(g: argparse._ActionsContainer) -> None:
     """What counts: the warm-up left out and the SLOs (an eval's plan has its own)."""
     g.add_argument("--warmup", type=seconds_or_zero,
-                   help="seconds of load excluded from the results")
+                   help="seconds of load excluded from the results (default: 0)")
     g.add_argument("--slo", help="per request (goodput): ttft<500ms,tpot<50ms,e2e<10s; whole run "
                    "(pass/fail): ttft_p99<1s,error_rate<1%%,output_tok_s>500; times need a "
                    "unit (ms, s or us)")
@@ -472,6 +478,11 @@ class DefaultsFormatter(argparse.HelpFormatter):
         if no_default or "default" in text or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)"
+
+
+class ListingFormatter(DefaultsFormatter, argparse.RawDescriptionHelpFormatter):
+    """DefaultsFormatter, the description kept as written: `tokentop --help`'s list of
+    subcommands, one a line."""
 
 
 def parse_refusing(p: argparse.ArgumentParser, argv: list[str], what: str,
@@ -611,8 +622,8 @@ def add_sim_arguments(parser: argparse.ArgumentParser, *, listen: bool = True) -
         "--profile",
         choices=sorted(PROFILES),
         default=None,
-        help="named settings modelled on a real deployment (loadgen/sim/presets.py); "
-        "every other flag overrides it",
+        help="named settings modelled on a real deployment (listed below); every other "
+        "flag overrides it (default: none, the defaults shown)",
     )
     _add_model_arguments(g)
     if listen:
@@ -621,6 +632,26 @@ def add_sim_arguments(parser: argparse.ArgumentParser, *, listen: bool = True) -
         g.add_argument("--exit-with-parent", action="store_true",
                        help="exit when stdin reaches EOF (the parent has gone)")
     _add_fault_arguments(parser)
+
+
+def profiles_listing() -> str:
+    """`tokentop sim --help`'s list of the --profile names, one a line, in words."""
+    from loadgen.sim.presets import PROFILES
+
+    width = max(map(len, PROFILES))
+    return "profiles (--profile NAME):\n" + "\n".join(
+        f"  {name:<{width}}  {_profile_words(settings)}"
+        for name, settings in sorted(PROFILES.items()))
+
+
+def _profile_words(settings: dict[str, Any]) -> str:
+    """A profile in words: its GPUs, slots and KV budget, or its exact timings."""
+    if "exact_ttft_ms" in settings:
+        return (f"exact timing: TTFT {settings['exact_ttft_ms']:g} ms, then "
+                f"{settings.get('exact_itl_ms', 0):g} ms a token")
+    gpus = (f"{settings.get('gpu_count', 1)}× {settings['gpu_name'].removeprefix('Simulated ')}"
+            ", " if "gpu_name" in settings else "")
+    return f"{gpus}{settings['slots']} slots, KV {settings['kv_tokens']:,} tokens"
 
 
 def _add_model_arguments(g: argparse._ArgumentGroup) -> None:

@@ -39,7 +39,9 @@ def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
                    help="the simulator's exact gap, ms (default %(default)s)")
     p.add_argument("--output-tokens", type=whole(1), default=64,
                    help="tokens a request (default %(default)s)")
-    p.add_argument("--client", choices=("raw", "openai"), default="raw")
+    p.add_argument("--client", choices=("raw", "openai"), default="raw",
+                   help="the client to time: raw (tokentop's own) or openai (the SDK; "
+                   "default %(default)s)")
     p.add_argument("--workers", type=whole(0), default=0,
                    help="load workers (default: cores - 1)")
 

@@ -11,7 +11,9 @@ from tui.commands.args import Parser
 def main(argv: list[str]) -> int:
     p = Parser(prog="tokentop compare",
                description="Runs or sweeps side by side (the first is the baseline).")
-    p.add_argument("items", nargs="+", type=Path, metavar="RUN_OR_SWEEP")
+    p.add_argument("items", nargs="+", type=Path, metavar="RUN_OR_SWEEP",
+                   help="two or more run directories, or sweeps (a sweep.json or its folder): "
+                   "runs with runs, sweeps with sweeps; the first is the baseline")
     p.add_argument("--png", type=Path, help="write the overlaid curves (or bars) here")
     p.add_argument("--json", type=Path, help="write the comparison as JSON here")
     args = p.parse_args(argv)

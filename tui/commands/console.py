@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from loadgen import __version__
 from tui.commands import COMMANDS
 from tui.commands.args import (
+    ListingFormatter,
     Parser,
     add_console_arguments,
     add_run_arguments,
@@ -32,12 +33,27 @@ if TYPE_CHECKING:
 
 def console_parser(prog: str = "tokentop") -> argparse.ArgumentParser:
     """The run's arguments, the console's own, and `--publish` (the broker's arguments)."""
-    p = Parser(prog=prog, description="Live console for LLM inference servers. "
-               f"Subcommands: {', '.join(COMMANDS)} (tokentop SUB --help).")
+    if prog == "tokentop":  # git's way: the commands first, then the console's options
+        p = Parser(prog=prog, formatter_class=ListingFormatter, description=listing(),
+                   usage="tokentop [options]            the live console\n"
+                   "       tokentop COMMAND [options]    one of the commands below")
+    else:
+        p = Parser(prog=prog, description="One run: the console, or with --headless progress "
+                   "lines on stderr and the summary at the end.")
     p.add_argument("--version", action="version", version=f"tokentop {__version__}")
     add_run_arguments(p)
     add_console_arguments(p)
     return p
+
+
+def listing() -> str:
+    """`tokentop --help`'s opening: what tokentop is, its subcommands one a line (git's
+    way), then that the options below are the console's."""
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {command.about}" for name, command in COMMANDS.items()]
+    return ("Live console for LLM inference servers.\n\ncommands:\n" + "\n".join(lines)
+            + "\n\n`tokentop COMMAND --help` for each; the options below are the console's "
+            "(and `tokentop run`'s).")
 
 
 def run_parser() -> argparse.ArgumentParser:

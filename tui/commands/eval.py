@@ -65,7 +65,8 @@ def main(argv: list[str]) -> int:
         from tui.commands.eval_compare import compare_main
 
         return compare_main(argv[1:])
-    p = eval_parser()
+    # --out is required, but --print-plan writes nothing there
+    p = eval_parser(out_required="--print-plan" not in argv)
     args = parse_refusing(p, argv, "an eval", NOT_FOR_AN_EVAL)
     if args.print_plan:
         from loadgen.eval.plan import DEFAULT_PLAN
@@ -78,7 +79,7 @@ def main(argv: list[str]) -> int:
     return _eval(args)
 
 
-def eval_parser() -> argparse.ArgumentParser:
+def eval_parser(*, out_required: bool = True) -> argparse.ArgumentParser:
     """The run's groups an eval uses (the target, open-loop arrivals, how requests are
     made, how load is driven) and its own; the loads, lengths, durations and SLOs are the
     plan's."""
@@ -95,7 +96,8 @@ def eval_parser() -> argparse.ArgumentParser:
     add_shaping_arguments(requests)
     add_machinery_arguments(p.add_argument_group("measurement"))
     r = p.add_argument_group("recording")
-    r.add_argument("--out", help="the eval's directory (eval.md, eval.json, runs/, PNGs); the "
+    r.add_argument("--out", metavar="DIR", required=out_required,
+                   help="required: the eval's directory (eval.md, eval.json, runs/, PNGs); the "
                    "same directory again resumes an eval that was stopped")
     add_disk_full_argument(r)
     g = p.add_argument_group("eval")

@@ -12,7 +12,7 @@ def main(argv: list[str]) -> int:
                description="The console, fed from a run directory (also while it is written). "
                "Keys: 1/2/3 speed ×1/×10/×100, ←/→ 30 s back/forward, p pause the replay. "
                "At the end it waits there (← seeks back).")
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=Path, help="the run directory to play (a run's --out)")
     p.add_argument("--speed", type=_speed, default=1.0,
                    help="play the recording this many times faster; 0: as fast as it reads "
                    "(default 1)")
@@ -21,7 +21,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--slo", help="judge the recording by these SLOs (as `tokentop run --slo`): "
                    "their breaches and recoveries replace the recorded ones; default: the "
                    "run's own --slo, as recorded")
-    p.add_argument("--theme")
+    p.add_argument("--theme", help="tokentop-dark (default), tokentop-light, "
+                   "tokentop-high-contrast, tokentop-mono; `t` cycles them")
     args = p.parse_args(argv)
     _check(args.run_dir)
     return _replay(args.run_dir, speed=args.speed, follow=False if args.no_follow else None,

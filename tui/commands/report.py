@@ -27,17 +27,19 @@ def report_parser() -> argparse.ArgumentParser:
                epilog="exit codes: 0 report written; 3 a threshold failed; 2 not a readable "
                "run directory, a bad option, or part of the report could not be written "
                "(a full disk: the summary is still printed)")
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=Path, help="the run directory to report on (a run's --out; "
+                   "one still being written too)")
     p.add_argument("--out-dir", type=Path, help="where to write (default: the run directory)")
     p.add_argument("--slo", help="thresholds to judge (default: the run's own --slo)")
     p.add_argument("--bucket", type=seconds, help="drift bucket, seconds (1h, 600, 10m; "
                    "default: 3600 for soaks, shorter for short runs)")
     p.add_argument("--tail-k", type=positive, default=5.0,
-                   help="long tail: k × the run's median per-tick P99 (default 5)")
+                   help="long tail: k × the run's median per-tick P99")
     p.add_argument("--tail-ms", type=tail_limits_us,
                    help="long tail: absolute limits, ms or with a unit, e.g. "
                    "ttft=2000,itl=200 or ttft=2s")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-plots", action="store_true",
+                   help="write report.md and report.json only, no PNGs (quicker)")
     return p
 
 

@@ -15,7 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tui.commands.args import Parser, add_sim_arguments, sim_config
+from tui.commands.args import (
+    ListingFormatter,
+    Parser,
+    add_sim_arguments,
+    profiles_listing,
+    sim_config,
+)
 
 
 def main(argv: list[str]) -> int:
@@ -30,7 +36,8 @@ def main(argv: list[str]) -> int:
 
 
 def sim_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="tokentop sim", description="The simulated OpenAI-compatible server alone.")
+    p = Parser(prog="tokentop sim", description="The simulated OpenAI-compatible server alone.",
+               formatter_class=ListingFormatter, epilog=profiles_listing())
     add_sim_arguments(p)
     return p
 
