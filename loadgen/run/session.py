@@ -192,7 +192,8 @@ class Session:
         if self.cfg.url is None or self.wait == 0:
             return  # the embedded simulator (the coordinator starts it), or no wait asked
         waiting = asyncio.create_task(wait_for_target(
-            check_url(self.cfg.url), self.secrets.authorization(), self.say, self.wait))
+            check_url(self.cfg.url), self.secrets.authorization(), self.say, self.wait,
+            headers=self.secrets.other_headers()))
         stop = asyncio.create_task(self._stop_asked.wait())
         try:
             await asyncio.wait({waiting, stop}, return_when=asyncio.FIRST_COMPLETED)
