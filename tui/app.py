@@ -48,6 +48,8 @@ from loadgen.model.source import RunOutcome, SnapshotSource, SourceError, Source
 from loadgen.model.windows import WINDOWS, SnapshotWindows
 from themes import DEFAULT_THEME, MONO_THEME, THEME_NAMES, register_themes
 from tui.config import load_config, save_setting
+from tui.event_log import EventLog, Logged
+from tui.events_screen import EventsScreen
 from tui.help_screen import HelpScreen
 from tui.history import SHOWN_METRICS, History
 from tui.screens import DETAIL_SCREENS, DetailScreen, InputModal
@@ -62,6 +64,7 @@ from tui.widgets import (
     Panel,
     ThroughputPanel,
 )
+from tui.widgets.events_panel import EVENTS_KEY
 from tui.widgets.latency_panel import WINDOW_NAMES
 from tui.widgets.phase_strip import PhaseStrip
 
@@ -76,6 +79,8 @@ HANGUP_CLOSE_S = 3.0
 HANGUP_HARD_EXIT_S = 8.0
 # a second `q` within this many seconds stops the load and quits
 QUIT_CONFIRM_S = 10.0
+# the errors the `x` screen lists, newest last
+ERRORS_SHOWN = 12
 # `m` to open loop: the req/s of at most this long at the load's current setting, and at least
 MATCH_SPAN_S = 10.0
 MATCH_MIN_S = 1.0
@@ -97,6 +102,10 @@ def _step_binding(key: str, display: str, step: int) -> Binding:
         key_display=display,
         tooltip=f"concurrency {step:+d} (open loop: rate {step:+d} req/s)",
     )
+
+
+def _is_error(e: Event) -> bool:
+    return e.kind == "error" or e.level == "error"
 
 
 def terminal_has_colours() -> bool:
@@ -134,7 +143,15 @@ class TokentopApp(App[None]):
         (0, "-narrow"), (120, "-wide"), (180, "-xwide")
     ]
     VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-short"), (36, "-tall")]
+    # the footer shows as many as fit, in this order: help and quit first, so that they are
+    # there at 80 columns (the help screen and the palette list them all)
     BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("question_mark", "help", "help", key_display="?",
+                tooltip="help: the keys, and what the colours mean"),
+        Binding("q", "quit", "quit", tooltip="stop the load and quit (asks once if running)"),
+        # as q, as in htop and every console: Textual's own ctrl+c only says "press ctrl+q"
+        Binding("ctrl+c", "quit('ctrl+c')", "quit", show=False, priority=True,
+                key_display="ctrl+c", tooltip="quit, as q (stops the load first)"),
         *(_step_binding(*k) for k in STEP_KEYS),
         Binding("equals_sign", "set_exact", "set", key_display="=",
                 tooltip="type an exact concurrency (open loop: rate)"),
@@ -154,6 +171,9 @@ class TokentopApp(App[None]):
         Binding("x", "detail('errors')", "errors", show=False,
                 tooltip="errors by kind, last messages"),
         Binding("v", "detail('snapshot')", "raw", show=False, tooltip="the full Snapshot as text"),
+        Binding(EVENTS_KEY, "events", "events", show=False,
+                tooltip="every event of the run, whole: filter (f), search (/); in a replay "
+                "enter goes to it"),
         # replay keys: in the footer of a replay only (check_action), the load keys hidden
         Binding("1", "replay_speed(1)", "×1", tooltip="replay: real speed"),
         Binding("2", "replay_speed(10)", "×10", tooltip="replay: ten times faster"),
@@ -163,9 +183,6 @@ class TokentopApp(App[None]):
                 tooltip="replay: forward 30 s"),
         # p again: the live `pause` binding is off in a replay, so this one takes the key
         Binding("p", "replay_pause", "pause", tooltip="replay: pause / resume the replay"),
-        Binding("question_mark", "help", "help", key_display="?",
-                tooltip="help: the keys, and what the colours mean"),
-        Binding("q", "quit", "quit", tooltip="stop the load and quit (asks once if running)"),
     ]
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
@@ -214,9 +231,10 @@ class TokentopApp(App[None]):
         self.error: str | None = None
         self.ended = False  # the source's iterator finished (or failed)
         self.drawn_seq: int | None = None  # seq of the Snapshot on screen, for tests and debugging
-        self.error_events: deque[Event] = deque(maxlen=12)
+        # every event given, once (a replay sought back takes back what comes again)
+        self.events = EventLog()
+        self.error_events: deque[Event] = deque(maxlen=ERRORS_SHOWN)
         self.saved: list[Path] = []
-        self._pending_events: list[Event] = []
         self._dirty = False
         self._quitting = False
         self._quit_asked_at: float | None = None
@@ -241,7 +259,7 @@ class TokentopApp(App[None]):
             yield ThroughputPanel(id="throughput")
             yield HostPanel(id="host")
             yield GpuPanel(id="gpu")
-        yield EventsPanel(id="events")
+        yield EventsPanel(self.events, id="events")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -319,12 +337,15 @@ class TokentopApp(App[None]):
         """Fold one Snapshot in: windows, history rings, events. No drawing here."""
         last = self.windows.last
         if last is not None and snap.seq < last.seq:
-            # a replay sought backwards: what the windows hold is from the future now
+            # a replay sought backwards: what the windows hold is from the future now, and
+            # the events from here on come again
             self.windows = SnapshotWindows()
             self.history = History()
+            self.events.rewind(snap.seq)
+            self._recount_errors()
         self.windows.add(snap)
         self.history.add(snap, self.windows)
-        self._add_events(snap.events)
+        self._add_events(snap.events, snap.seq, snap.elapsed)
         self._dirty = True
 
     @property
@@ -333,15 +354,29 @@ class TokentopApp(App[None]):
         snap = self.windows.last
         return snap is not None and snap.load.outage_since is not None and not self.ended
 
-    def _add_events(self, events: list[Event]) -> None:
+    def _add_events(self, events: list[Event], seq: int | None, elapsed: float | None) -> None:
         if not events:
             return
-        self._pending_events.extend(events)
-        self.error_events.extend(e for e in events if e.kind == "error" or e.level == "error")
+        self.events.add(events, seq, elapsed)
+        self.error_events.extend(e for e in events if _is_error(e))
+
+    def _recount_errors(self) -> None:
+        """The `x` screen's last errors, from the log as it stands (after a rewind)."""
+        newest: list[Event] = []
+        for entry in reversed(self.events.entries):
+            if _is_error(entry.event):
+                newest.append(entry.event)
+                if len(newest) == ERRORS_SHOWN:
+                    break
+        self.error_events = deque(reversed(newest), maxlen=ERRORS_SHOWN)
 
     def _note(self, kind: str, message: str, level: str = "info", t: float | None = None) -> None:
-        """An event the console itself raises (SLO breach, throttling, operator notes)."""
-        self._add_events([Event(t=t or time.time(), kind=kind, level=level, message=message)])
+        """An event the console itself raises (SLO breach, throttling, operator notes),
+        logged with the Snapshot on screen."""
+        last = self.windows.last
+        self._add_events([Event(t=t or time.time(), kind=kind, level=level, message=message)],
+                         last.seq if last is not None else None,
+                         last.elapsed if last is not None else None)
         self._dirty = True
 
     def _fail(self, message: str) -> None:
@@ -390,16 +425,15 @@ class TokentopApp(App[None]):
                     dense=self.windows.dense(self.window),
                     error_events=tuple(self.error_events),
                 )
-            events = self.screen_stack[0].query_one(EventsPanel)
-            if self._pending_events:
-                events.add(self._pending_events)
-                self._pending_events = []
+            self.screen_stack[0].query_one(EventsPanel).show_log()
             for header in screen.query(HeaderBar):
                 header.show(snap, description=self._description(), source_kind=status.kind,
                             ended=self.ended, error=self.error, outage=self.outage,
                             replay=status.replay)
             if isinstance(screen, DetailScreen):
                 screen.draw(view)
+            elif isinstance(screen, EventsScreen):
+                screen.take_new()
             elif view is not None and screen is self.screen_stack[0]:
                 for panel in screen.query(Panel):
                     panel.show(view)
@@ -656,13 +690,28 @@ class TokentopApp(App[None]):
             self.pop_screen()
         self.push_screen(kind())
 
+    def action_events(self) -> None:
+        if not isinstance(self.screen, EventsScreen):
+            self.push_screen(EventsScreen(self.events,
+                                          jump=self._jump_to if self._is_replay() else None))
+
+    async def _jump_to(self, entry: Logged) -> None:
+        """Enter on an event in a replay: the replay goes to the Snapshot that carried it,
+        and the main screen shows the run as it was then."""
+        assert entry.elapsed is not None
+        at = units.elapsed(entry.elapsed)
+        sent = await self._send(Control(op="seek", value=entry.elapsed, source="key"),
+                                f"replay: to {at} ({units.clock(entry.event.t)})")
+        if sent and isinstance(self.screen, EventsScreen):
+            self.pop_screen()
+
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(self.BINDINGS))
 
-    async def action_quit(self) -> None:
-        """Stop the load cleanly, then exit. While load runs, the first `q` only asks; a `q`
-        while draining exits at once."""
+    async def action_quit(self, key: str = "q") -> None:
+        """Stop the load cleanly, then exit. While load runs, the first `q` (or ctrl+c: the
+        same) only asks; a `q` while draining exits at once."""
         if self._quitting:
             self.exit()
             return
@@ -670,9 +719,9 @@ class TokentopApp(App[None]):
         asked = self._quit_asked_at is not None and now - self._quit_asked_at < QUIT_CONFIRM_S
         if (self.load_running() or self._eval_running()) and not asked:
             self._quit_asked_at = now
-            what = ("the eval is running: press q again to stop it (the same --out resumes "
-                    "it) and quit" if self._eval_running() else
-                    "load is running: press q again to stop it and quit")
+            what = (f"the eval is running: press {key} again to stop it (the same --out "
+                    "resumes it) and quit" if self._eval_running() else
+                    f"load is running: press {key} again to stop it and quit")
             self.notify(what, severity="warning", timeout=QUIT_CONFIRM_S)
             return
         self._quitting = True

@@ -9,7 +9,7 @@ histograms added together (exact, not an average of P99s). Keys:
     enter     open the selected agent in the full console (q there comes back here);
               on the fleet row: every agent merged into one console (exact percentiles)
     + - ] [   its concurrency ±1 / ±10          p  pause / resume it
-    a         send those to every agent instead  q  quit
+    a         send those to every agent instead  q  quit (ctrl+c too)
 
 Why the agent view is the ordinary console run after the fleet app (not a
 screen inside it): `TokentopApp` is an App with its own layout, keys, help
@@ -54,6 +54,8 @@ class FleetApp(App[str | None]):
         Binding("p", "pause", "Pause/resume"),
         Binding("a", "toggle_all", "All agents"),
         Binding("q", "quit_fleet", "Quit"),
+        # as q, as in htop (Textual's own ctrl+c only says "press ctrl+q")
+        Binding("ctrl+c", "quit_fleet", "Quit", show=False, priority=True),
     ]
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",

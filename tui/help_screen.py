@@ -15,11 +15,11 @@ from textual.widgets import Static
 def help_text(bindings: list[BindingType]) -> Content:
     # Content, not markup: the keys themselves are "[" and "]"
     lines = []
-    for b in bindings:
-        # every key with a tooltip, including those the footer leaves out for room
-        if not isinstance(b, Binding) or not (b.tooltip or b.show):
-            continue
-        key = (b.key_display or b.key).rjust(5)
+    # every key with a tooltip, including those the footer leaves out for room
+    shown = [b for b in bindings if isinstance(b, Binding) and (b.tooltip or b.show)]
+    width = max((len(b.key_display or b.key) for b in shown), default=5)
+    for b in shown:
+        key = (b.key_display or b.key).rjust(width)
         lines.append(Content.assemble((key, "bold $accent"), "  ", b.tooltip or b.description))
     return Content("\n").join(lines)
 

@@ -31,6 +31,10 @@ class ReplayStatus(msgspec.Struct, frozen=True, kw_only=True):
     paused: bool  # the replay's own pause, not the recorded run's
     following: bool  # the run is still written: the length grows
     at_end: bool  # all that is recorded has been given out and no seek is under way
+    # how the recorded run ended, once the reader knows (its writer finished, died,
+    # stopped recording): "finished", "interrupted", "recording stopped"; None while it is
+    # still written. The last Snapshot of a killed run says "running": this does not
+    ended: str | None = None
 
 
 class Waiting(msgspec.Struct, frozen=True, kw_only=True):

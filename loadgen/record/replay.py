@@ -122,6 +122,7 @@ class ReplaySource:
         self.position: float = 0.0  # elapsed of the last Snapshot given out
         self.length: float = 0.0  # elapsed of the last Snapshot recorded so far
         self.description = f"replay: {self.run_dir}"
+        self.ended: str | None = None  # how the recorded run ended, once known (RunState's)
 
     def _note(self, message: str) -> None:
         message = plain(message)  # the reader may quote a line of the recording
@@ -136,6 +137,7 @@ class ReplaySource:
         state = self._state()
         if self.follow is None:
             self.follow = state == RUNNING  # a live writer: more is coming
+        self.ended = None if state == RUNNING else state
         self._describe(state)
 
     def _state(self) -> str:
@@ -179,7 +181,8 @@ class ReplaySource:
         replay = ReplayStatus(
             position=self.position, length=max(self.length, self.position), speed=self.speed,
             paused=self.paused, following=bool(self.follow),
-            at_end=self._target is None and self.position >= self.length)
+            at_end=self._target is None and self.position >= self.length,
+            ended=self.ended if not self.follow else None)
         return SourceStatus(kind="replay", description=self.description,
                             run_dir=str(self.run_dir), replay=replay)
 
@@ -270,6 +273,7 @@ class ReplaySource:
             self._manifest = plain_all(read_manifest(self.run_dir)) or self._manifest
         state = self._state()
         self.follow = False
+        self.ended = None if state == RUNNING else state  # --no-follow of a live run
         self._describe(state)
         if batch:
             level, words = end_note(state, self._manifest)
