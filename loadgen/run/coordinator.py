@@ -100,6 +100,8 @@ class Coordinator:
         self._stop_requested = asyncio.Event()
         self._stop_reason: str | None = None
         self._grace: float | None = None  # a stop's own drain grace (None: --drain-grace)
+        self._drain_grace = 0.0  # the grace the drain under way was given
+        self._cut_short = False  # the operator made the stop immediate (a second Ctrl-C)
         self._drain: asyncio.Task | None = None
         self._server: ServerMetrics | None = None
         self._gpu = GpuStatus(message="GPU probe not started yet")
@@ -270,6 +272,7 @@ class Coordinator:
     def cut_drain_short(self) -> None:
         """A drain under way ends now: every worker cancels what it still has in flight (a
         second Stop, with no grace), and reports as ever."""
+        self._cut_short = True
         if self.state == "draining":
             for worker in self.pool.workers:
                 worker.send(wire.Stop(0.0))
@@ -367,6 +370,8 @@ class Coordinator:
         reason = self._stop_reason or "stop requested"
         grace = self.cfg.drain_grace if self._grace is None else min(self._grace,
                                                                      self.cfg.drain_grace)
+        self._drain_grace = grace
+        self._cut_short = self._cut_short or grace == 0
         self._event("run", f"stopping ({reason}): in-flight requests get {grace:g} s to finish")
         self._drain = asyncio.create_task(self.pool.stop(grace))
 
@@ -543,10 +548,30 @@ class Coordinator:
                 continue
             self._last_error_event[kind] = now
             del self._pending_errors[kind]
+            if kind == "cancelled":
+                self._events.append(self._cancelled_event(count, message, min(at, now)))
+                continue
             self._events.append(Event(t=min(at, now), kind="error", level="error",
                                       message=f"{count}× {kind}: {message}", count=count,
                                       error=kind))
             log.info("error: %d× %s: %s", count, kind, message)
+
+    def _cancelled_event(self, count: int, message: str, t: float) -> Event:
+        """Requests cancelled on purpose are no failure, so no error event: abandoned by the
+        workload's users (--cancel-rate) while the load runs; at the drain, cut by the
+        operator's immediate stop or by the end of the drain's grace. Said in words, with
+        the count (and the kind, for code) as an error event's."""
+        n = f"{count} request{'' if count == 1 else 's'}"
+        if self._drain is None:
+            return Event(t=t, kind="run", message=f"{n} abandoned by the client as asked "
+                         f"(--cancel-rate): {message}", count=count, error="cancelled")
+        if self._cut_short:
+            return Event(t=t, kind="operator", message=f"{n} in flight cancelled by the "
+                         "operator (the stop was made immediate): not failures", count=count,
+                         error="cancelled")
+        return Event(t=t, kind="run", message=f"{n} in flight cancelled when the drain's "
+                     f"{self._drain_grace:g} s ran out (--drain-grace): not failures",
+                     count=count, error="cancelled")
 
     # ---- probes --------------------------------------------------------------------------
 
