@@ -10,8 +10,16 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
-from scripted_source import ScriptedEvalSource, ScriptedSource, eval_progress, make_snapshots
+from scripted_source import (
+    LATENCY_US,
+    ScriptedEvalSource,
+    ScriptedSource,
+    encode_values,
+    eval_progress,
+    make_snapshots,
+)
 from textual.pilot import Pilot
 
 from loadgen.model.slo import parse_slos
@@ -68,5 +76,33 @@ def test_eval_screen(snap_compare, size: tuple[int, int], gpus: int) -> None:
     """The console over an eval: the phase strip under the header (shortened at 80 columns,
     with what the phase measures at 120), the running phase's panels below it."""
     source = ScriptedEvalSource(make_snapshots(N, gpus=gpus), eval_progress(), hold=True)
+    app = TokentopApp(source, refresh=0.05, slo=SLO)
+    assert snap_compare(app, terminal_size=size, run_before=_final_snapshot_drawn)
+
+
+def open_loop_snapshots(gpus: int) -> list:
+    """The scripted run in open loop (12 req/s, poisson): each tick also carries the
+    latencies from the intended send time and the schedule's lag (0.2..6 ms), as an open
+    loop's Snapshots do."""
+    lag = 200 + 5_800 * np.linspace(0.0, 1.0, 100) ** 3
+    hist = {"ttft_co": encode_values(LATENCY_US["ttft"] + lag),
+            "e2e_co": encode_values(LATENCY_US["e2e"] + lag), "lag": encode_values(lag)}
+    snaps = make_snapshots(N, gpus=gpus)
+    for snap in snaps:
+        snap.load.mode, snap.load.target_rate, snap.load.arrival = "open", 12.0, "poisson"
+        snap.hist.update(hist)
+    return snaps
+
+
+@pytest.mark.parametrize(
+    ("size", "gpus"),
+    [((80, 24), 1), ((120, 40), 2), ((200, 60), 4)],
+    ids=["80x24", "120x40", "200x60"],
+)
+def test_open_loop_screen(snap_compare, size: tuple[int, int], gpus: int) -> None:
+    """Open loop: the corrected TTFT / E2E and the lag in the latency panel (one P99 line
+    at 80x24, rows under their caption where the screen is tall)."""
+    source = WatchedSource(ScriptedSource(open_loop_snapshots(gpus), hold=True),
+                           parse_slos(SLO))
     app = TokentopApp(source, refresh=0.05, slo=SLO)
     assert snap_compare(app, terminal_size=size, run_before=_final_snapshot_drawn)
