@@ -56,7 +56,7 @@ class EventsScreen(Screen[None]):
         background: $background;
     }
     EventsScreen #events-title {
-        height: 1;
+        height: 2;  /* the rule and the line under it */
         padding: 0 1;
         border-top: solid $primary;
         color: $primary;
@@ -114,6 +114,10 @@ class EventsScreen(Screen[None]):
     def on_mount(self) -> None:
         self.query_one(OptionList).focus()
         self.take_new()
+        # the header is the app's to draw, at its next refresh: now, not at the next news
+        redraw = getattr(self.app, "redraw_now", None)
+        if callable(redraw):
+            redraw()
 
     @property
     def options(self) -> OptionList:
