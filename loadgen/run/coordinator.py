@@ -146,11 +146,12 @@ class Coordinator:
             base = await self.sim.start()
         else:
             base = check_url(cfg.url)
+        headers = self.secrets.other_headers()
         model = await resolve_model(self._session, base, cfg.model,
-                                    self.secrets.authorization())
+                                    self.secrets.authorization(), headers)
         # --tokenizer: a local one, the server's /tokenize, or approx. (before any load)
         self.lengths = await resolve_lengths(self._session, base, model, cfg.tokenizer,
-                                             self.secrets.authorization())
+                                             self.secrets.authorization(), headers)
         self.target = Target(url=base, model=model, api=cfg.api, simulated=self.sim is not None,
                              lengths=self.lengths.source, about=self._about())
         self.host = HostProbe()
@@ -223,7 +224,7 @@ class Coordinator:
                 max_requests=None if cfg.max_requests is None
                 else cfg.max_requests // n + (1 if i < cfg.max_requests % n else 0),
                 calibrate=cfg.calibrate, authorization=self.secrets.authorization(),
-                trace=cfg.trace, stagger=cfg.stagger,
+                headers=self.secrets.other_headers(), trace=cfg.trace, stagger=cfg.stagger,
             )
             for i in range(n)
         ]

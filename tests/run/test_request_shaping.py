@@ -145,9 +145,6 @@ async def test_shaped_requests_arrive_and_the_header_secret_is_nowhere(tmp_path,
         0.3, 0.9, 40, 7, "json", {"repetition_penalty": 1.1})
 
 
-@pytest.mark.xfail(strict=True, reason="loadgen/run/coordinator.py does not yet pass "
-                   "Secrets.other_headers() to wire.Configure(headers=...) and the preflight "
-                   "(headers=...): issue 24.7, another helper's file")
 async def test_other_headers_reach_the_server_through_the_command_line(tmp_path):
     headers = tmp_path / "headers.txt"
     headers.write_text(f"X-Api-Key: {KEY}\n")
