@@ -24,6 +24,7 @@ from probes.process import RssTrend
 from tui.app import TokentopApp
 
 SIZE = (120, 40)
+WIDE = (200, 60)  # where a panel has room for its whole words (120×40 says them short)
 
 
 @pytest.fixture(autouse=True)
@@ -124,7 +125,7 @@ async def test_the_cache_lines_say_their_window_and_hold_to_it():
     last10 = [_hits(i) for i in range(TICKS - 10, TICKS)]
     server_10s = sum(h for h, _ in last10) / sum(q for _, q in last10)
     app = TokentopApp(ScriptedSource(snaps, hold=True), refresh=0.05)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=WIDE) as pilot:
         await wait_drawn(pilot, app, TICKS - 1)
         load = _plain(app, "#load")
         cache = next(line for line in load.splitlines() if "prefix cache" in line)
@@ -159,7 +160,7 @@ async def test_the_rss_slope_waits_for_ten_minutes_as_the_report_does():
     assert late.process.rss_slope_mb_h == pytest.approx(27.0, rel=1e-6) and late_trend
     for snap, words in ((early, "slope n/a (needs ≥ 10.0 min)"), (late, "+27 MB/h")):
         app = TokentopApp(ScriptedSource([snap], hold=True), refresh=0.05)
-        async with app.run_test(size=SIZE) as pilot:
+        async with app.run_test(size=WIDE) as pilot:
             await wait_drawn(pilot, app, snap.seq)
             assert words in _plain(app, "#host")
 
