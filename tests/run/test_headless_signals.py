@@ -103,8 +103,10 @@ async def test_one_ctrl_c_lets_the_requests_in_flight_finish(slow_sim, tmp_path)
 async def test_a_second_ctrl_c_cancels_the_drain_and_still_writes_the_summary(slow_sim,
                                                                                tmp_path):
     out, run_dir = tmp_path / "r.json", tmp_path / "run"
-    proc, lines = await headless("--json", str(out), url=slow_sim.url, concurrency=STREAMS,
-                                 output_tokens=1000, drain_grace=DRAIN_GRACE_S, out=run_dir)
+    # all three at once (a 20 s first request would spread the others over 10–20 s)
+    proc, lines = await headless("--json", str(out), "--stagger", "0", url=slow_sim.url,
+                                 concurrency=STREAMS, output_tokens=1000,
+                                 drain_grace=DRAIN_GRACE_S, out=run_dir)
     try:
         await lines.until(lambda s: f"inflight={STREAMS}" in s and s.startswith("["))
         proc.send_signal(signal.SIGINT)
