@@ -136,8 +136,6 @@ async def test_a_killed_runs_replay_knows_it_was_interrupted(run_dir, tmp_path) 
         assert replay.status().replay.ended == "interrupted"
 
 
-@pytest.mark.xfail(strict=True, reason="tui/widgets/header_bar.py does not read "
-                   "ReplayStatus.ended yet (the layout helper's file)")
 async def test_a_killed_runs_replay_header_says_interrupted(run_dir, tmp_path) -> None:
     copy = killed_copy(run_dir, tmp_path)
     app, replay = console(copy, speed=0)

@@ -22,6 +22,8 @@ STATE_COLOURS = {
     "stopped": "$foreground-muted",
     "error": "$error",
     "outage": "$error",
+    "interrupted": "$error",
+    "recording stopped": "$error",
 }
 
 
@@ -95,6 +97,9 @@ def header_markup(
         line = f"[b]tokentop[/]  {badge}  [{MUTED}]{literal(description)}[/]"
     else:
         run_state = state or ("outage" if outage else snap.load.state)
+        if replay is not None and replay.at_end and replay.ended not in (None, "finished") \
+                and state is None:
+            run_state = replay.ended  # the reader knows: "interrupted", "recording stopped"
         # what a replay shows is the recorded run's state; the console's own is unlabelled
         label = "recorded: " if source_kind == "replay" and state is None else ""
         sim = "  [b $accent]simulated[/]" if snap.target.simulated else ""
