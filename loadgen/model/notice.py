@@ -23,6 +23,7 @@ NoticeKind = Literal[
     "stopping",  # a signal asked the run to stop
     "outcome",  # the run's last line: its exit reason and P50/P99
     "publish",  # the MQTT link
+    "serving",  # the Prometheus endpoint: where it serves the run's figures
     "warning",  # anything else the user should know (a bad recorded line, a file unwritten)
 ]
 NOTICE_KINDS: tuple[NoticeKind, ...] = get_args(NoticeKind)

@@ -273,7 +273,7 @@ class PrometheusEndpoint:
         await runner.setup()
         await web.SockSite(runner, self.sock).start()
         self._runner = runner
-        self.say(Notice("publish", f"serving figures for Prometheus at {self.url}"))
+        self.say(Notice("serving", f"serving figures for Prometheus at {self.url}"))
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         body = generate_latest(self.registry)
