@@ -112,12 +112,18 @@ def bridged(x: np.ndarray, y: np.ndarray, max_gap: float) -> tuple[np.ndarray, n
     """(x, y) of the finite points, joined into a line across gaps up to `max_gap` (a tick
     that saw no first token is no event) and broken across longer ones (the server said
     nothing for a while: the line must not pretend it did)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
     keep = np.isfinite(y)
-    xs, ys = np.asarray(x, float)[keep], np.asarray(y, float)[keep]
-    if len(xs) < 2:
+    if len(keep):  # the first and last times stay (no value there): the line's time span
+        keep[0] = keep[-1] = True
+    xs, ys = x[keep], y[keep]
+    finite = np.flatnonzero(np.isfinite(ys))
+    if len(finite) < 2:
         return xs, ys
-    breaks = np.flatnonzero(np.diff(xs) > max_gap) + 1
-    return np.insert(xs, breaks, np.nan), np.insert(ys, breaks, np.nan)
+    # a break is a NaN value at the gap's middle: the times stay finite (and in order)
+    gaps = finite[1:][np.diff(xs[finite]) > max_gap]
+    middle = (xs[gaps - 1] + xs[gaps]) / 2
+    return np.insert(xs, gaps, middle), np.insert(ys, gaps, np.nan)
 
 
 def counts_from_zero(ax) -> None:

@@ -702,11 +702,14 @@ def _y_axis(ax, panel: Panel, ys: list[np.ndarray]) -> None:
         plot_style.memory_span(ax, values)
 
 
-def _draw_panel(ax, x: np.ndarray, panel: Panel) -> None:
+def _draw_panel(ax, x: np.ndarray, panel: Panel, gap: float) -> None:
+    """The panel's lines; a latency's drawn across ticks without a sample up to `gap` (in
+    x units: a tick that saw no first token is no event), so it is a line, not dots."""
     lines = drawn(panel.lines)
     for (label, y), colour in zip(lines, LINE_COLOURS, strict=False):
-        ax.plot(x, y, lw=0.9, label=label, color=colour,
-                marker="." if isolated(y) else None, ms=4)
+        xs, ys = plot_style.bridged(x, y, gap) if panel.kind == "latency" else (x, y)
+        ax.plot(xs, ys, lw=0.9, label=label, color=colour,
+                marker="." if isolated(ys) else None, ms=4)
     if lines:
         _y_axis(ax, panel, [y for _, y in lines])
     ax.grid(alpha=0.3)
@@ -784,6 +787,9 @@ def figures(r: dict, analyzer: SoakAnalyzer) -> dict:
         return {}
     unit, scale = time_axis(float(s["rel"][-1]))
     x = s["rel"] / scale
+    _, seconds = rate_window(s["rel"])
+    tick = float(np.median(np.diff(s["rel"]))) if len(s["rel"]) > 1 else 0.0
+    gap = max(seconds, 2 * tick) / scale  # a latency line is broken by a longer silence
     out = {}
     for name, (title, panels) in plot_specs(s).items():
         panels = [p for p in panels if drawn(p.lines)]
@@ -793,7 +799,7 @@ def figures(r: dict, analyzer: SoakAnalyzer) -> dict:
                                  sharex=True, squeeze=False)
         axes = list(axes[:, 0])
         for ax, panel in zip(axes, panels, strict=True):
-            _draw_panel(ax, x, panel)
+            _draw_panel(ax, x, panel, gap)
         span = max(float(x[-1]), 1e-9)
         extra = _mark_run(axes, r, scale, span)
         for i, ax in enumerate(axes):

@@ -167,6 +167,13 @@ def test_the_faults_phases_report_plots_say_the_phase_and_the_evals_target(evalu
             title = fig.axes[0].get_title()
             assert "faults phase: 4 streams against the embedded simulator" in title, name
             assert "127.0.0.1" not in title
+        # its latency per tick is lines too, broken only by a long silence
+        ttft = [ln for ln in out["latency"].axes[0].get_lines()
+                if ln.get_label().startswith("TTFT")]
+        assert len(ttft) == 2
+        for ln in ttft:
+            y = np.asarray(ln.get_ydata(), float)
+            assert _runs(y) <= 1 + len(ev.results.faults.figures.faults), ln.get_label()
     finally:
         for fig in out.values():
             plt.close(fig)
