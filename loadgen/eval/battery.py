@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from loadgen.analysis import plot_style
 from loadgen.analysis.report import Report, soak_report, write_soak_report
 from loadgen.analysis.soak_result import Slope
 from loadgen.analysis.sweep import (
@@ -144,6 +145,14 @@ class Eval:
 
     def save(self, finished: bool = False, rows: list[dict] | None = None) -> None:
         write_json_atomic(self.state_path, state_to_builtins(self.state(finished, rows)))
+
+
+def target_of(ev: Eval) -> str:
+    """The eval's target as it names it in plots: the embedded simulator, or the server's
+    model and engine (the header's) at the --url's host."""
+    header = ev.header
+    return plot_style.target_name(ev.cfg.url, header.model if header else None,
+                                  header.engine if header else None)
 
 
 def workload_of(cfg: RunConfig, phases: Phases) -> Workload:
@@ -396,7 +405,8 @@ async def ramp(ev: Eval) -> PhaseResult:
             cfg, out=str(_run_dir(ev, f"ramp.r{k}"))), plan, f"ramp {k}/{ev.plan.repeat}"))
     steps = mean_steps(runs)
     knee, best = find_knee(steps, p.knee_fraction), best_goodput(steps)
-    write_sweep(ev.out / "ramp", cfg, steps, knee, best, p.knee_fraction)
+    write_sweep(ev.out / "ramp", cfg, steps, knee, best, p.knee_fraction,
+                target=target_of(ev), what="Pressure ramp (eval)")
     top = max(steps, key=lambda s: s.output_tok_s, default=None)
     figures = RampFigures(
         unit="streams" if cfg.mode == "closed" else "req/s", steps=steps, knee=knee,

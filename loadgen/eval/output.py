@@ -15,7 +15,7 @@ import numpy as np
 from loadgen.analysis import plot_style
 from loadgen.analysis.report import moving_mean, rate_window, subject_of, time_axis
 from loadgen.analysis.sweep import curve_figure, curve_title
-from loadgen.eval.battery import Eval
+from loadgen.eval.battery import Eval, target_of
 from loadgen.eval.document import html, markdown, table
 from loadgen.eval.matrix import rows, to_json
 from loadgen.eval.phases import PHASES
@@ -57,14 +57,6 @@ def _plots(ev: Eval, written: list[Path]) -> list[Path]:
             written.append(path)
             out.insert(0, path)
     return out
-
-
-def target_of(ev: Eval) -> str:
-    """The eval's target as it names it: the embedded simulator, or the server's model and
-    engine (the header's) at the --url's host."""
-    header = ev.header
-    return plot_style.target_name(ev.cfg.url, header.model if header else None,
-                                  header.engine if header else None)
 
 
 def ramp_plot(ev: Eval, figures: RampFigures) -> None:
