@@ -76,10 +76,10 @@ async def test_the_consoles_run_process_records_the_reason_the_console_gives(sim
     """The console's terminal gone, it asks its run process to stop with that reason (the
     Control's note): the run records "the terminal went away", a q "stopped by the
     operator". Read back from each recording."""
+    from loadgen.model.notice import TERMINAL_GONE
     from loadgen.model.snapshot import Control
     from loadgen.run.config import RunConfig
     from loadgen.run.run_process import RunProcess
-    from loadgen.model.notice import TERMINAL_GONE
 
     for note, said in ((TERMINAL_GONE, "the terminal went away"),
                        (None, "stopped by the operator")):
