@@ -211,7 +211,7 @@ async def run_eval(ev: Eval) -> None:
         if ev.header is None:
             ev.header = await collect_header(
                 ev.url, plan=plan_to_builtins(ev.plan), started=ev.started, label=ev.label,
-                meta=ev.meta, model=ev.cfg.model, authorization=ev.secrets.authorization())
+                meta=ev.meta, model=ev.cfg.model, headers=ev.secrets.request_headers())
         for i, name in enumerate(PHASES, 1):
             if ev.results.of(name) is not None:
                 ev.say(f"eval: phase {i}/{len(PHASES)} {name}: done before, kept")
@@ -483,7 +483,8 @@ async def faults(ev: Eval) -> PhaseResult:
     await proxy.start()
     # the restart's probes go to the target itself, with the run's API and credentials
     chaos = Chaos(ev.chaos_restart_cmd, port, url=ev.url, api=ev.cfg.api, model=ev.cfg.model,
-                  authorization=ev.secrets.authorization()) if kill_at is not None else None
+                  authorization=ev.secrets.authorization(),
+                  headers=ev.secrets.other_headers()) if kill_at is not None else None
     try:
         # the load goes through the proxy; /metrics and the server process are the target's
         # own (through the proxy the scrape would hang in a blackhole, and the process found

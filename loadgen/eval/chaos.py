@@ -37,13 +37,15 @@ class Chaos:
     every PROBE_EVERY_S. The command's text is not kept: it may hold credentials."""
 
     def __init__(self, cmd: str | None, port: int, *, url: str, api: str = "chat",
-                 model: str | None = None, authorization: str | None = None) -> None:
+                 model: str | None = None, authorization: str | None = None,
+                 headers: list[tuple[str, str]] | None = None) -> None:
         self.cmd = cmd
         self.port = port
         self.url = url.rstrip("/")  # the target's OpenAI base URL (…/v1)
         self.api = api
         self.model = model
         self.authorization = authorization
+        self.headers = headers or []  # --header's others (Secrets.other_headers())
         self.killed_at: float | None = None
         self.back_at: float | None = None  # unix time of the first token after the kill
         self.pid: int | None = None
@@ -73,13 +75,15 @@ class Chaos:
         return self.url + ("/chat/completions" if self.api == "chat" else "/completions")
 
     def _headers(self) -> dict[str, str]:
-        return {"Authorization": self.authorization} if self.authorization else {}
+        auth = {"Authorization": self.authorization} if self.authorization else {}
+        return {**auth, **dict(self.headers)}
 
     async def _probe_body(self) -> bytes:
         model = self.model
         with contextlib.suppress(TargetError, aiohttp.ClientError, TimeoutError):
             async with aiohttp.ClientSession() as http:
-                model = await resolve_model(http, self.url, self.model, self.authorization)
+                model = await resolve_model(http, self.url, self.model, self.authorization,
+                                            self.headers)
         return probe_body(self.api, model or "")
 
     def result(self) -> ChaosFigures:

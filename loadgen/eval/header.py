@@ -75,9 +75,9 @@ class _Answer(Exception):
     """A route that gave no JSON object; str(e) says why, in words."""
 
 
-async def _get_json(session: aiohttp.ClientSession, url: str, auth: str | None) -> dict:
+async def _get_json(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> dict:
     try:
-        body = json.loads(await _text(session, url, auth))
+        body = json.loads(await _text(session, url, headers))
     except ValueError as e:
         raise _Answer(f"not JSON ({e})") from None
     if not isinstance(body, dict):
@@ -85,13 +85,13 @@ async def _get_json(session: aiohttp.ClientSession, url: str, auth: str | None) 
     return body
 
 
-async def _version(session: aiohttp.ClientSession, root: str, auth: str | None,
+async def _version(session: aiohttp.ClientSession, root: str, headers: dict[str, str],
                    engine: str) -> tuple[str | None, str]:
     """(the version, "") or (None, why), from the engine's own routes."""
     tried = []
     for route in VERSION_ROUTES.get(engine, ()):
         try:
-            body = await _get_json(session, root + route.path, auth)
+            body = await _get_json(session, root + route.path, headers)
         except _Answer as e:
             tried.append(f"{route.path}: {e}")
             continue
@@ -104,13 +104,13 @@ async def _version(session: aiohttp.ClientSession, root: str, auth: str | None,
 
 
 async def _engine_by_route(session: aiohttp.ClientSession, root: str,
-                           auth: str | None) -> str | None:
+                           headers: dict[str, str]) -> str | None:
     """The engine whose version route answers with its marks, for a server whose /metrics
     named none; routes without marks (/version: vLLM's and trtllm-serve's alike) name none.
     Asked together, so a server that holds every request costs one timeout, not five."""
     marked = [(engine, route) for engine, routes in VERSION_ROUTES.items() for route in routes
               if route.marks]
-    answers = await asyncio.gather(*(_get_json(session, root + route.path, auth)
+    answers = await asyncio.gather(*(_get_json(session, root + route.path, headers)
                                      for _, route in marked), return_exceptions=True)
     for (engine, route), body in zip(marked, answers, strict=True):
         if isinstance(body, dict) and all(k in body for k in route.marks):
@@ -118,32 +118,31 @@ async def _engine_by_route(session: aiohttp.ClientSession, root: str,
     return None
 
 
-async def _engine(session: aiohttp.ClientSession, url: str, auth: str | None,
+async def _engine(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
                   why: dict[str, str]) -> tuple[str | None, str | None]:
     """(engine, version): the /metrics dialect, else a version route's marks."""
     root = server_root(url)
     engine: str | None = None
     try:
-        text = await _text(session, metrics_url_for(url), auth)
+        text = await _text(session, metrics_url_for(url), headers)
         found = parse_metrics(text, metrics_url_for(url)).engine
         engine = found if found and found != "unknown" else None
         metrics_why = "" if engine else "/metrics names no engine tokentop knows"
     except _Answer as e:
         metrics_why = f"/metrics: {e}"
     if engine is None:
-        engine = await _engine_by_route(session, root, auth)
+        engine = await _engine_by_route(session, root, headers)
     if engine is None:
         why["engine"] = f"{metrics_why}, and no engine's version route answered"
         why["engine_version"] = "no engine detected"
         return None, None
-    version, version_why = await _version(session, root, auth, engine)
+    version, version_why = await _version(session, root, headers, engine)
     if version is None:
         why["engine_version"] = version_why
     return engine, version
 
 
-async def _text(session: aiohttp.ClientSession, url: str, auth: str | None) -> str:
-    headers = {"Authorization": auth} if auth else {}
+async def _text(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> str:
     try:
         async with session.get(url, headers=headers,
                                timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as r:
@@ -161,11 +160,11 @@ async def _text(session: aiohttp.ClientSession, url: str, auth: str | None) -> s
 SIMULATOR_OWNER = "tokentop"  # the simulator's /v1/models says owned_by "tokentop"
 
 
-async def _model(session: aiohttp.ClientSession, url: str, auth: str | None, wanted: str | None,
-                 why: dict[str, str]) -> tuple[str | None, bool]:
+async def _model(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
+                 wanted: str | None, why: dict[str, str]) -> tuple[str | None, bool]:
     """(the model the load talks to, whether the server is tokentop's simulator)."""
     try:
-        body = await _get_json(session, url.rstrip("/") + "/models", auth)
+        body = await _get_json(session, url.rstrip("/") + "/models", headers)
     except _Answer as e:
         why["model"] = f"GET /models: {e}"
         return None, False
@@ -254,12 +253,13 @@ def _host(header: Header) -> None:
 async def collect_header(url: str, *, plan: dict[str, Any], started: float,
                          label: str | None = None, meta: dict[str, str] | None = None,
                          model: str | None = None,
-                         authorization: str | None = None) -> Header:
+                         headers: dict[str, str] | None = None) -> Header:
     """What the eval measures: `url` is the OpenAI base URL every phase loads (…/v1), `plan`
     the plan as eval.json keeps it (plan_to_builtins), `started` the eval's unix time,
-    `model` the one the workload names (None: the server's), `authorization` the target's
-    header (Secrets.authorization()). Never raises for the server's sake: a field it cannot
-    find is None, with why. Takes about 2 s at most per question when nothing answers."""
+    `model` the one the workload names (None: the server's), `headers` what a request to the
+    target carries (Secrets.request_headers(): Authorization, --header's). Never raises for
+    the server's sake: a field it cannot find is None, with why. Takes about 2 s at most per
+    question when nothing answers."""
     header = Header(label=plain(label) if label else None,
                     meta={plain(k, 64): plain(v) for k, v in (meta or {}).items()},
                     date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
@@ -268,8 +268,8 @@ async def collect_header(url: str, *, plan: dict[str, Any], started: float,
     _host(header)
     async with aiohttp.ClientSession() as session:
         (engine, version), (served, simulator), gpus = await asyncio.gather(
-            _engine(session, url, authorization, header.why),
-            _model(session, url, authorization, model, header.why),
+            _engine(session, url, headers or {}, header.why),
+            _model(session, url, headers or {}, model, header.why),
             _gpus(server_root(url), session, header.why))
     header.engine, header.engine_version, header.model, header.gpus = engine, version, served, gpus
     if simulator and version is None:  # a simulator of a tokentop before its version route

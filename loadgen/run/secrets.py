@@ -40,6 +40,11 @@ class Secrets(msgspec.Struct, kw_only=True, frozen=True):
             return "Basic " + base64.b64encode(self.basic_auth.encode()).decode()
         return None
 
+    def request_headers(self) -> dict[str, str]:
+        """Every header a request to the target carries: Authorization and --header's."""
+        auth = self.authorization()
+        return {**({"Authorization": auth} if auth else {}), **dict(self.other_headers())}
+
     def other_headers(self) -> list[tuple[str, str]]:
         """--header's headers but Authorization (authorization() carries that one)."""
         return [(n, v) for n, v in self.headers if n.lower() != "authorization"]

@@ -8,11 +8,12 @@ import asyncio
 import socket
 import time
 
+import msgspec
 import pytest
 from support import FAST, server_arrivals
 
 from loadgen.analysis.soak_result import Mttr, OutageRecord
-from loadgen.eval.chaos import PROBE_EVERY_S, first_token, mttr_apart_from_kill, probe_body
+from loadgen.eval.chaos import PROBE_EVERY_S, Chaos, first_token, mttr_apart_from_kill, probe_body
 from loadgen.eval.results import ChaosFigures
 from loadgen.sim import SimConfig, start_sim
 
@@ -89,3 +90,28 @@ def test_the_probe_asks_for_one_streamed_token(api):
     body = json.loads(probe_body(api, "m"))
     assert body["max_tokens"] == 1 and body["stream"] is True and body["model"] == "m"
     assert ("messages" in body) == (api == "chat") and ("prompt" in body) == (api != "chat")
+
+
+async def test_the_restarts_probe_asks_a_gateway_with_the_runs_headers():
+    """A target behind a gateway that wants its key and the run's Authorization: the probe
+    learns the model from /models with them (the server's record of what it was sent)."""
+    from aiohttp import web
+    from support import serving
+
+    wanted = {"Authorization": "Bearer sk-gw", "X-Gateway-Key": "gk-123"}
+    seen: list[dict[str, str]] = []
+
+    async def models(request: web.Request) -> web.Response:
+        seen.append({k: request.headers.get(k, "") for k in wanted})
+        if any(request.headers.get(k) != v for k, v in wanted.items()):
+            return web.Response(status=401, text="no key")
+        return web.json_response({"data": [{"id": "gated-model"}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    async with serving(app) as url:
+        chaos = Chaos(None, 0, url=url + "/v1", authorization=wanted["Authorization"],
+                      headers=[("X-Gateway-Key", wanted["X-Gateway-Key"])])
+        body = await chaos._probe_body()
+    assert seen == [wanted]
+    assert msgspec.json.decode(body)["model"] == "gated-model"

@@ -401,3 +401,29 @@ def regenerate_goldens() -> None:
 
 if __name__ == "__main__":
     regenerate_goldens()
+
+
+async def test_a_gateway_that_asks_for_headers_is_asked_with_them():
+    """Behind a gateway that refuses a request without its key and the run's Authorization,
+    the header is still found: every question carries what a request to the target does."""
+    wanted = {"Authorization": "Bearer sk-gw", "X-Gateway-Key": "gk-123"}
+    asked: list[dict[str, str]] = []
+
+    @web.middleware
+    async def gate(request, handler):
+        if request.path.startswith("/sim/"):  # the GPU probe's simulator question, as a run's
+            return web.Response(status=404)
+        asked.append({k: request.headers.get(k, "") for k in wanted})
+        if any(request.headers.get(k) != v for k, v in wanted.items()):
+            return web.Response(status=401, text="no key")
+        return await handler(request)
+
+    app = _vllm_app(VLLM_VERSION)
+    app.middlewares.append(gate)
+    async with serving(app) as url:
+        h = await collect(url + "/v1", headers=wanted)
+        first = len(asked)
+        refused = await collect(url + "/v1")
+    assert (h.engine, h.engine_version, h.model) == ("vllm", "0.32.0", "tiny-llama")
+    assert refused.model is None and "HTTP 401" in refused.why["model"]
+    assert first >= 3 and all(a == wanted for a in asked[:first])  # /metrics, /version, /models
