@@ -254,9 +254,8 @@ class ReplaySource:
         writer is done; the end is asked *before* the poll, so that poll reads all there is."""
         while not self._stopped and self._seek_to is None:
             more = self.follow and still_written(self.run_dir)
-            # a recording is outside text (another tokentop's, an older one's, edited): every
-            # string in it is made plain as it is read, before the console shows it
-            batch = plain_all(reader.poll())
+            # a recording is outside text: the reader made every string of it plain
+            batch = reader.poll()
             if not more:
                 reader.finish()
                 self._ended(batch)

@@ -88,3 +88,26 @@ def test_each_string_of_a_recorded_snapshot_that_decodes_hostile_comes_out_plain
         left = [(p, s) for p, s in _strings(msgspec.to_builtins(hostile)) if _is_hostile(s)]
         assert left == [], f"{path}: {left}"
     assert decoded >= 10  # the run id, the target's url and model, the GPU's name, …
+
+
+def test_a_recorded_line_comes_out_plain_in_every_form_a_control_can_take_in_json() -> None:
+    """decode_line, the one reader of a Snapshot line, cleans a line that may hold a control
+    (an escape, DEL, a C1 or bidi character as UTF-8) and passes the others as they are."""
+    from loadgen.model.snapshot import from_json
+    from loadgen.record.rundir import decode_line
+
+    snap = next(iter(iter_snapshots(FIXTURE)))
+    snap.events = []  # a tick without news: its line is plain ASCII, the common case
+    clean = msgspec.json.encode(snap)
+    assert clean.isascii() and b"\\" not in clean
+    assert msgspec.to_builtins(decode_line(clean)) == msgspec.to_builtins(from_json(clean))
+    for form in ("\x1b]0;x\x07", "\x7f", "\u009b31m", "\u202e", "\u200b", "\t\n"):
+        raw = msgspec.to_builtins(snap)
+        raw["run_id"] = "run" + form
+        raw["target"]["model"] = "m" + form + "odel"
+        line = msgspec.json.encode(raw)
+        got = decode_line(line)
+        left = [s for _, s in _strings(msgspec.to_builtins(got))
+                if _is_hostile(s) or "\u200b" in s or "\t" in s or "\x7f" in s]
+        assert left == [], (repr(form), left)
+        assert got.run_id.startswith("run") and got.target.model.startswith("m")
