@@ -128,6 +128,8 @@ class EventsScreen(Screen[None]):
     def take_new(self) -> None:
         """Add the log's new events (all of them again after a rewind); the view stays at
         the bottom when it was there, so the newest keep coming into sight."""
+        if not self.is_mounted:  # pushed, not composed yet: on_mount takes them
+            return
         log = self.event_log
         if log.generation != self._generation:
             self._rebuild()

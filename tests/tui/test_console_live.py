@@ -122,7 +122,7 @@ async def test_a_auto_ramps_to_the_slo_boundary_and_a_key_takes_over():
             await until(pilot, lambda: last() is not None)
             await pilot.press("a")
             await until(pilot, lambda: (last().load.note or "").startswith(
-                "auto-ramp (the SLOs): trying"))
+                "auto-ramp trying") and "(the SLOs)" in last().load.note)
             await until(pilot, lambda: (last().load.note or "").startswith(
                 "auto-ramp settled at 4 streams"), seconds=45)
             await until(pilot, lambda: "auto-ramp settled at 4" in app.query_one("#load").plain)
@@ -153,8 +153,8 @@ async def test_a_without_slo_climbs_while_throughput_rises_and_says_why_it_settl
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: last() is not None)
             await pilot.press("a")
-            await until(pilot, lambda: note().startswith(
-                "auto-ramp (throughput knee, no --slo): trying"))
+            await until(pilot, lambda: note().startswith("auto-ramp trying")
+                        and "(throughput knee, no --slo)" in note())
             await until(pilot, lambda: note().startswith("auto-ramp settled at"), seconds=60)
             settled = last().load.target_concurrency
             # past 8 (the old rule's stop); at most a step past twice the slots (only queueing
@@ -171,7 +171,7 @@ async def test_a_without_slo_climbs_while_throughput_rises_and_says_why_it_settl
 async def test_conversations_show_the_prefix_cache_and_ttft_by_turn():
     """--turns against the simulator's prefix cache: the load panel says how much of the
     prompts the cache served (the server's own counter is the truth for the run's total)
-    and the mean TTFT of each turn."""
+    and the mean TTFT of each turn (read where the panel has room for its whole words)."""
     from loadgen.sim import SimConfig, start_sim
 
     sim = await start_sim(SimConfig(step_overhead_ms=1.0), host="127.0.0.1", port=0)
@@ -180,7 +180,7 @@ async def test_conversations_show_the_prefix_cache_and_ttft_by_turn():
                     tokenizer="none")
     app = TokentopApp(RunProcess(cfg), refresh=0.1)
     try:
-        async with app.run_test(size=(120, 40)) as pilot:
+        async with app.run_test(size=(200, 60)) as pilot:
             plain = lambda: app.query_one("#load").plain  # noqa: E731
             await until(pilot, lambda: "prefix cache" in plain() and " 3:" in plain())
             last = app.windows.last
