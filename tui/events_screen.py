@@ -102,6 +102,7 @@ class EventsScreen(Screen[None]):
         self._generation = -1
         self._taken = 0  # how many of the log's entries the list has seen
         self._search_timer: Timer | None = None
+        self._ready = False  # composed and mounted: the list exists
 
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
@@ -112,6 +113,7 @@ class EventsScreen(Screen[None]):
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
+        self._ready = True
         self.query_one(OptionList).focus()
         self.take_new()
         # the header is the app's to draw, at its next refresh: now, not at the next news
@@ -128,7 +130,7 @@ class EventsScreen(Screen[None]):
     def take_new(self) -> None:
         """Add the log's new events (all of them again after a rewind); the view stays at
         the bottom when it was there, so the newest keep coming into sight."""
-        if not self.is_mounted:  # pushed, not composed yet: on_mount takes them
+        if not self._ready:  # pushed, not composed yet: on_mount takes them
             return
         log = self.event_log
         if log.generation != self._generation:
