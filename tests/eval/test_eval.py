@@ -187,6 +187,11 @@ def test_a_killed_eval_resumes_at_its_phase_and_compare_says_what_differs(full, 
         while "ramp" not in _phases(out):
             assert time.monotonic() < deadline and proc.poll() is None, "the ramp never ended"
             time.sleep(0.2)
+        # the long tail's first try is under way once its run directory holds a line
+        first_try = out / "runs" / "long_tail"
+        while not any(first_try.glob("*.jsonl*")):
+            assert time.monotonic() < deadline and proc.poll() is None, "no long tail began"
+            time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGKILL)  # during the long tail
     finally:
         proc.wait(10)
