@@ -81,6 +81,10 @@ class Url(str):
     """An http:// or https:// base URL."""
 
 
+class RowId(str):
+    """A matrix row's id ("baseline.ttft.p99"), * matching any text ("faults.*.recovery")."""
+
+
 class StaggerText(str):
     """"auto", or the seconds closed-loop stream starts are spread over (0: all at once), as
     --stagger; `seconds` is RunConfig.stagger's (None for auto)."""
@@ -156,6 +160,13 @@ def _url(value: object) -> str:
     return text
 
 
+def _row_id(value: object) -> str:
+    text = _text_of(value, "a matrix row id")
+    if not text or any(c.isspace() for c in text):
+        raise ValueError(f'expected a matrix row id, e.g. "baseline.ttft.p99", got {_show(value)}')
+    return text
+
+
 def _stagger(value: object) -> str:
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
@@ -168,7 +179,7 @@ def _stagger(value: object) -> str:
 _READERS = {
     Seconds: _seconds, Duration: _duration, Fraction: _fraction, Length: _length,
     OutputLength: lambda v: _length(v, output=True), DatasetText: _dataset, SloText: _slo,
-    Url: _url, StaggerText: _stagger,
+    Url: _url, StaggerText: _stagger, RowId: _row_id,
 }
 
 
@@ -333,6 +344,21 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                 "extra_body": self.extra_body or None}
 
 
+class Scenario(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A use the evals are compared for: `tokentop eval compare` ends with a verdict per
+    scenario, judged on these matrix rows by compare's noise rule (loadgen.eval.scenarios).
+    A row id may hold * ("faults.*.success_rate": every fault's)."""
+
+    about: str  # what it is for, in a line
+    rows: Annotated[list[RowId], msgspec.Meta(min_length=1)]
+    # "no worse": the winner is better on a row and worse on none; "weighted": its weights
+    # of the rows it is better on outweigh those it is worse on
+    rule: Literal["no worse", "weighted"] = "no worse"
+    weights: list[Positive] = []  # one per row, with rule = "weighted"
+    slo: SloText = SloText("")  # goodput rows count within its per-request limits; its
+    # whole-run thresholds judge the rows they apply to
+
+
 class Phases(_Table):
     baseline: Baseline
     ramp: Ramp
@@ -352,6 +378,7 @@ class Plan(_Table):
     repeat: Annotated[int, msgspec.Meta(ge=1, le=100)] = 1
     stagger: StaggerText = StaggerText("auto")
     request: Request = msgspec.field(default_factory=Request)
+    scenarios: dict[str, Scenario] = msgspec.field(default_factory=dict)
 
     def profile(self, quick: bool) -> Phases:
         return self.quick if quick else self.phases
@@ -426,11 +453,23 @@ def _build(raw: dict[str, Any], source: str) -> Plan:
     try:
         plan = msgspec.convert(shaped, Plan, dec_hook=_dec_hook)
     except msgspec.ValidationError as e:
-        raise PlanError(f"{source}: {_explain(str(e), shaped)}") from None
+        raise PlanError(f"{source}: {_explain(_named(str(e), shaped), shaped)}") from None
     problem = _check(plan)
     if problem:
         raise PlanError(f"{source}: {problem}")
     return plan
+
+
+def _named(message: str, raw: dict[str, Any]) -> str:
+    """msgspec's path with the scenario's name where it says only `scenarios[...]`."""
+    if "$.scenarios[...]" not in message:
+        return message
+    for name, table in (raw.get("scenarios") or {}).items():
+        try:
+            msgspec.convert(table, Scenario, dec_hook=_dec_hook)
+        except msgspec.ValidationError:
+            return message.replace("$.scenarios[...]", f"$.scenarios.{name}")
+    return message
 
 
 # ---- checks across keys -----------------------------------------------------------------
@@ -445,7 +484,7 @@ def _check(plan: Plan) -> str | None:
         problem = _check_steps(phases.ramp, f"{name}.ramp") or _check_faults(phases.faults, name)
         if problem:
             return problem
-    return None
+    return _check_scenarios(plan.scenarios)
 
 
 def _check_steps(ramp: Ramp, path: str) -> str | None:
@@ -465,6 +504,33 @@ def _check_faults(faults: list[Fault], name: str) -> str | None:
             a, b = faults[before], faults[after]
             return (f"{name}.faults[{after}].at: starts at {b.at:g} s, while "
                     f"{name}.faults[{before}] ({a.at:g} s to {a.end:g} s) is still on")
+    return None
+
+
+# rows made per fault, per target count and per threshold: their ids are not known before
+_MADE_ROWS = ("faults.", "scaling.", "slo.")
+
+
+def _check_scenarios(scenarios: dict[str, Scenario]) -> str | None:
+    """Each scenario's rows are the matrix's, and a weight is given for each with "weighted"."""
+    from fnmatch import fnmatchcase
+
+    from loadgen.eval.matrix import rows  # the matrix's module imports the results'
+    from loadgen.eval.results import Results
+
+    known = [r.id for r in rows(Results())]  # every row an eval has, its phases run or not
+    for name, s in scenarios.items():
+        path = f"scenarios.{name}"
+        for i, id_ in enumerate(s.rows):
+            if not id_.startswith(_MADE_ROWS) and not any(fnmatchcase(k, id_) for k in known):
+                near = difflib.get_close_matches(id_, known, n=1)
+                hint = f' (did you mean "{near[0]}"?)' if near else ""
+                return f'{path}.rows[{i}]: "{id_}" is no row of the matrix{hint}'
+        if s.rule == "weighted" and len(s.weights) != len(s.rows):
+            return (f"{path}.weights: expected {len(s.rows)} (one per row, rule = "
+                    f'"weighted"), got {len(s.weights)}')
+        if s.rule != "weighted" and s.weights:
+            return f'{path}.weights: read only with rule = "weighted", not "{s.rule}"'
     return None
 
 
@@ -584,6 +650,8 @@ def _type_at(path: list[str | int], raw: Any) -> mi.Type:
             kind = next((f.type for f in kind.fields if f.encode_name == seg), mi.AnyType())
         elif isinstance(kind, mi.ListType):
             kind = kind.item_type
+        elif isinstance(kind, mi.DictType):  # a table of tables by name ([scenarios])
+            kind = kind.value_type
         data = _value_at(data, [seg])
     return _resolve(kind, data)
 
@@ -757,6 +825,32 @@ targets = []             # base URLs, e.g. ["http://10.0.0.2:8000/v1"]; []: the 
 per_target = "knee"      # "knee": the ramp's knee load on each; "baseline": the baseline's
 duration = "2m"
 warmup = "20s"
+
+# Scenarios: `tokentop eval compare A B ...` ends with a verdict per scenario, a use the
+#    evals are compared for, judged on the matrix rows that matter to it (their ids: eval.json
+#    "rows", or `compare --format csv`; * matches any text). A winner is better beyond the
+#    noise on a row and worse on none (rule = "no worse"), or, with rule = "weighted" and a
+#    weight per row, the weights it is better on outweigh those it is worse on; else "no clear
+#    winner", and why. `slo`: goodput rows are judged where the evals counted goodput within
+#    its per-request limits (the plan's slo above), and its whole-run thresholds judge the rows
+#    they apply to: a winner must meet those the others meet. Yours add to these three; one of
+#    the same name replaces their keys (a list, rows or weights, whole).
+[scenarios.realtime]
+about = "real-time interaction: a chat or an agent waiting on its first token"
+rows = ["baseline.ttft.p50", "baseline.ttft.p99", "baseline.itl.p99", "baseline.goodput"]
+slo = "ttft<100ms,ttft_p99<100ms"
+
+[scenarios.batch]
+about = "large batch work: the most tokens, per second and per joule"
+rows = ["ramp.max_output_tok_s", "baseline.output_tok_s", "efficiency.baseline.tokens_per_joule",
+        "efficiency.knee.tokens_per_joule"]
+# rule = "weighted"
+# weights = [2, 1, 1, 1]
+
+[scenarios.production]
+about = "production: up, recovering fast, failing few requests under faults, not leaking"
+rows = ["long_tail.availability", "faults.mttr", "faults.chaos.mttr", "faults.*.success_rate",
+        "faults.*.recovery", "baseline.error_rate", "leaks.server_rss", "leaks.engine_kv"]
 
 # --quick: these keys replace the ones above; the rest stays.
 [quick.baseline]
