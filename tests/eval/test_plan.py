@@ -247,5 +247,6 @@ def test_errors_in_a_file_name_the_file(tmp_path: Path) -> None:
 def test_default_text_is_plain_toml_a_reader_can_edit() -> None:
     """Every key the plan knows is written in the default text (none only in code)."""
     raw = tomllib.loads(DEFAULT_PLAN)
-    assert set(raw) == {"version", "slo", "repeat", "stagger", "request", "phases", "quick"}
+    assert set(raw) == {"version", "slo", "repeat", "stagger", "request", "phases", "quick",
+                        "scenarios"}
     assert set(raw["phases"]) == set(PHASES)
