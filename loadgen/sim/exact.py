@@ -28,7 +28,7 @@ from aiohttp import web
 from loadgen.sim.chunks import SSE_HEADERS, ChunkWriter, stamp
 from loadgen.sim.metrics import EngineMetrics
 from loadgen.sim.model import DONE, BatchModel, ContextLengthError, Sequence, SimConfig
-from loadgen.sim.request import CompletionRequest, error_response
+from loadgen.sim.request import CompletionRequest
 
 
 class Serving(Protocol):
@@ -38,6 +38,8 @@ class Serving(Protocol):
     cfg: SimConfig
 
     def writer(self, req: CompletionRequest, seq: Sequence, *, chat: bool) -> ChunkWriter: ...
+
+    def refuse(self, status: int, message: str, kind: str) -> web.Response: ...
 
     async def whole(self, req: CompletionRequest, seq: Sequence, *,
                     chat: bool) -> web.Response: ...
@@ -49,14 +51,14 @@ async def respond_exact(server: Serving, request: web.Request, req: CompletionRe
     when the request came in, which every deadline counts from."""
     engine, cfg = server.engine, server.cfg
     try:
-        target, reason = engine.plan_length(req.prompt_tokens, req.max_tokens, req.ignore_eos)
+        seq = engine.planned(req.prompt_tokens, req.max_tokens, req.ignore_eos, req.asked, 0,
+                             arrived)
     except ContextLengthError as exc:
-        return error_response(400, str(exc), "BadRequestError")
+        return server.refuse(400, str(exc), "BadRequestError")
+    target, reason = seq.target, seq.target_reason
     loop = asyncio.get_running_loop()
     ttft = (cfg.exact_ttft_ms or 0.0) / 1000.0
     itl = (cfg.exact_itl_ms or 0.0) / 1000.0
-    seq = Sequence(req.prompt_tokens, target, reason, arrived)
-    seq.offset = engine.rng_offset()
     engine.metrics.arrived += 1
     engine.exact_running += 1  # the engine's running gauge counts it while it is answered
     try:

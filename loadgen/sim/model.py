@@ -22,8 +22,10 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from loadgen.sim import features
 from loadgen.sim.faults import FaultConfig, Faults
 from loadgen.sim.metrics import EngineMetrics
+from loadgen.sim.words import PLAIN_WORDS
 
 GIB = 1024**3
 
@@ -103,6 +105,10 @@ class SimConfig:
     # a server that wants credentials: /v1/* answers 401 unless the Authorization header is
     # exactly this (e.g. "Bearer sk-…" or "Basic …"); None: no authentication
     require_authorization: str | None = None
+    # features the server misbehaves in (loadgen.sim.features.BREAKABLE: "stop", "n", "seed",
+    # "models" …): their request keys ignored, their route not served, or (errors) its 4xx
+    # refusals answered 500, so a conformance check has a server that really lacks them
+    broken: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # A zero here would leave requests queued forever: refuse it up front.
@@ -134,6 +140,7 @@ class SimConfig:
                      "reasoning_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
+        features.check_broken(self.broken)
 
     @property
     def exact(self) -> bool:
@@ -221,6 +228,7 @@ class BatchModel:
         self._busy_s = 0.0  # wall time spent inside steps, for the GPU's utilisation
         self._step_start: float | None = None
         self.steps = 0
+        self.table = PLAIN_WORDS  # the words written (the server's, with a tokenizer)
 
     # ---- what the outside reads
 
@@ -284,15 +292,14 @@ class BatchModel:
 
     def submit(
         self, prompt_tokens: int, max_tokens: int | None, ignore_eos: bool, *, stream: bool,
-        cached: int = 0,
+        cached: int = 0, asked: features.Asked | None = None, choice: int = 0,
     ) -> Sequence:
-        """Queue a request (`cached`: its prompt tokens the prefix cache serves); raises
-        ContextLengthError when it could never fit."""
-        target, reason = self.plan_length(prompt_tokens, max_tokens, ignore_eos)
-        seq = Sequence(prompt_tokens, target, reason, self.now())
+        """Queue a request (`cached`: its prompt tokens the prefix cache serves; `asked`: its
+        key, min_tokens and stops; `choice`: which of its n); raises ContextLengthError when
+        it could never fit."""
+        seq = self.planned(prompt_tokens, max_tokens, ignore_eos, asked, choice, self.now())
         seq.every_token = stream
         seq.cached = cached
-        seq.offset = self.rng_offset()
         self.metrics.arrived += 1
         self._waiting.append(seq)
         # Admit now when a slot is free and it fits: num_requests_waiting then counts only
@@ -305,8 +312,26 @@ class BatchModel:
         """Where a request's text starts in the word list."""
         return self._rng.randrange(1 << 16)
 
+    def planned(self, prompt_tokens: int, max_tokens: int | None, ignore_eos: bool,
+                asked: features.Asked | None, choice: int, now: float) -> Sequence:
+        """A new Sequence: its length and text planned (a deterministic request's from its
+        key, after the engine's own draws, so the other requests' lengths stay as they were),
+        then cut at its first stop (in the words of self.table)."""
+        a = asked or features.Asked()
+        target, reason = self.plan_length(prompt_tokens, max_tokens, ignore_eos, a.key,
+                                          a.min_tokens)
+        seq = Sequence(prompt_tokens, target, reason, now)
+        seq.offset = self.rng_offset()
+        if a.key is not None:
+            seq.offset = features.offset_of(a.key, choice)
+        cut = features.cut_at_stop(target, seq.offset, a.stop, a.min_tokens, self.table)
+        if cut is not None:
+            seq.target, seq.target_reason = cut, "stop"
+        return seq
+
     def plan_length(
-        self, prompt_tokens: int, max_tokens: int | None, ignore_eos: bool
+        self, prompt_tokens: int, max_tokens: int | None, ignore_eos: bool,
+        key: int | None = None, min_tokens: int = 0,
     ) -> tuple[int, str]:
         """(tokens to generate, finish_reason); raises ContextLengthError when it cannot fit."""
         limit = self.cfg.kv_tokens
@@ -327,6 +352,9 @@ class BatchModel:
         target, reason = max_tokens, "length"
         if not ignore_eos:
             natural = 1 + int(self._rng.expovariate(1.0 / self.cfg.mean_output_tokens))
+            if key is not None:  # drawn above all the same: the next request's is as it was
+                natural = features.natural_length(key, self.cfg.mean_output_tokens)
+            natural = max(natural, min_tokens)
             if natural < max_tokens:
                 target, reason = natural, "stop"
         return target, reason

@@ -12,17 +12,19 @@
 * `stream_options.include_usage` adds a last chunk with `"choices": []` and
   usage; `continuous_usage_stats` (with include_usage, as in vLLM) puts usage
   on every chunk;
-* one choice only (`n` must be 1).
+* stop, n, seed / temperature 0, min_tokens, logprobs, response_format and tools: what
+  they do is features.py's (`asked`), as is what a simulator told to break them ignores.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from loadgen.sim.features import Asked, asked
 from loadgen.sim.words import SimTokenizer, count_words
 
 
@@ -54,6 +56,7 @@ class CompletionRequest:
     include_usage: bool
     continuous_usage: bool
     cached_tokens: int | None = None  # served from the prefix cache (None: no cache)
+    asked: Asked = field(default_factory=Asked)  # stop, n, seed … (features.py)
 
 
 def parse_request(body: Any, *, chat: bool, template_tokens: int = 0,
@@ -68,14 +71,16 @@ def parse_request(body: Any, *, chat: bool, template_tokens: int = 0,
         raise RequestError(400, "`model` is required and must be a string.")
     prompt_tokens = _prompt_tokens(body, chat, template_tokens, tokens)
     max_tokens = _max_tokens(body, chat)
-    if body.get("n") not in (None, 1):
-        raise RequestError(400, "The simulator serves one choice per request (`n` must be 1).")
     stream = flag(body, "stream")
     ignore_eos = flag(body, "ignore_eos")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise RequestError(400, "`stream_options` must be an object.")
     include_usage = stream and flag(options, "include_usage")
+    try:
+        extras = asked(body, chat=chat, stream=stream)
+    except ValueError as exc:
+        raise RequestError(400, str(exc)) from None
     return CompletionRequest(
         model=model,
         prompt_tokens=max(1, prompt_tokens),
@@ -84,6 +89,7 @@ def parse_request(body: Any, *, chat: bool, template_tokens: int = 0,
         stream=stream,
         include_usage=include_usage,
         continuous_usage=include_usage and flag(options, "continuous_usage_stats"),
+        asked=extras,
     )
 
 

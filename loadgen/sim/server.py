@@ -6,7 +6,9 @@ request may say is request.py's, the chunks' bytes chunks.py's), GET /v1/models,
 /sim/gpu (the simulated GPU), and GET/POST /sim/faults (fault settings and injected
 counts; POST from loopback peers only, see faults.py), GET /sim/arrivals (each completion
 request's arrival time, loopback peers only), and, with a tokenizer
-(`SimConfig.tokenizer`), POST /tokenize in vLLM's and llama.cpp's shapes.
+(`SimConfig.tokenizer`), POST /tokenize in vLLM's and llama.cpp's shapes. What a request
+may ask beyond its lengths (stop, n, seed, logprobs, response_format, tools), and the
+features `SimConfig.broken` makes it lack, are features.py's.
 
 A completion is served one of two ways: through the engine model's scheduler (model.py),
 or, in exact-timing mode, by deadline with every chunk stamped (exact.py). Starting,
@@ -29,7 +31,7 @@ from typing import Any
 from aiohttp import web
 
 import loadgen
-from loadgen.sim import dialects
+from loadgen.sim import dialects, features
 from loadgen.sim.chunks import SSE_HEADERS, ChunkWriter, completion_text
 from loadgen.sim.exact import respond_exact
 from loadgen.sim.faults import Faults
@@ -74,6 +76,8 @@ class SimServer:
         self.words = self.tokens.table if self.tokens else PLAIN_WORDS
         self.faults = Faults(cfg.faults)
         self.engine = BatchModel(cfg, self.faults)
+        self.engine.table = self.words  # its stops are matched in the words it writes
+        self.broken = frozenset(cfg.broken)
         size = cfg.kv_tokens if cfg.prefix_cache_tokens is None else cfg.prefix_cache_tokens
         self.prefix_cache = PrefixCache(size, cfg.prefix_block_tokens) if size else None
         self.gpu = SimGpu(self.engine)
@@ -93,21 +97,22 @@ class SimServer:
 
     def _app(self) -> web.Application:
         app = web.Application(middlewares=[self._authenticate])
-        app.add_routes(
-            [
-                web.post("/v1/chat/completions", self._chat),
-                web.post("/v1/completions", self._completions),
-                web.get("/v1/models", self._models),
-                web.get("/health", self._health),
-                web.get("/metrics", self._metrics),
-                web.get("/sim/gpu", self._gpu),
-                web.get("/sim/faults", self.get_faults),
-                web.post("/sim/faults", self.post_faults),
-                web.get("/sim/arrivals", self._arrivals),
-            ]
-        )
+        # a broken feature's route is not served: 404, as on a server without it
+        gone = {features.ROUTES[name] for name in self.broken if name in features.ROUTES}
+        routes = [
+            web.post("/v1/chat/completions", self._chat),
+            web.post("/v1/completions", self._completions),
+            web.get("/v1/models", self._models),
+            web.get("/health", self._health),
+            web.get("/metrics", self._metrics),
+            web.get("/sim/gpu", self._gpu),
+            web.get("/sim/faults", self.get_faults),
+            web.post("/sim/faults", self.post_faults),
+            web.get("/sim/arrivals", self._arrivals),
+        ]
         if self.tokens is not None:  # a server without a tokenizer has no such endpoint
-            app.add_routes([web.post("/tokenize", self._tokenize)])
+            routes.append(web.post("/tokenize", self._tokenize))
+        app.add_routes([r for r in routes if r.path not in gone])
         version = dialects.version_answer(self.cfg.metrics_dialect, loadgen.__version__,
                                           self.cfg.model_name)
         if version is not None:  # the engine's own route for its version
@@ -158,20 +163,31 @@ class SimServer:
         finally:
             self.inflight -= 1
 
+    def refuse(self, status: int, message: str, kind: str) -> web.Response:
+        """A refusal in OpenAI's shape; a 4xx is a 500 when "errors" is broken."""
+        if "errors" in self.broken and 400 <= status < 500:
+            return error_response(500, f"Internal server error ({message})", "InternalServerError")
+        return error_response(status, message, kind)
+
     async def _parse(self, request: web.Request, *, chat: bool) -> CompletionRequest | web.Response:
         """The request read, checked and looked up in the prefix cache, or the error to send."""
         try:
             body = json.loads(await request.read())
         except ValueError as exc:
-            message = f"The request body is not valid JSON: {exc}"
-            return error_response(400, message, "BadRequestError")
+            return self.refuse(400, f"The request body is not valid JSON: {exc}",
+                               "BadRequestError")
+        if isinstance(body, dict) and self.broken:
+            body = features.strip_broken(body, self.broken)
         try:
             req = parse_request(body, chat=chat, template_tokens=self.cfg.chat_template_tokens,
                                 tokens=self.tokens)
         except RequestError as exc:
-            return exc.response()
+            return self.refuse(exc.status, str(exc), exc.kind)
         if req.model != self.cfg.model_name:
-            return error_response(404, f"The model `{req.model}` does not exist.", "NotFoundError")
+            return self.refuse(404, f"The model `{req.model}` does not exist.", "NotFoundError")
+        if req.asked.n > 1 and self.cfg.exact:
+            return self.refuse(400, "`n` > 1 is not served in exact-timing mode.",
+                               "BadRequestError")
         if self.prefix_cache is not None:
             req.cached_tokens = self.prefix_cache.lookup(prompt_units(body, chat, self._units))
         return req
@@ -200,21 +216,24 @@ class SimServer:
     async def _scheduled(self, request: web.Request, req: CompletionRequest, fault: str | None,
                          *, chat: bool) -> web.StreamResponse:
         """The request through the engine model's scheduler, streamed or whole."""
+        seqs: list[Sequence] = []
         try:
-            seq = self.engine.submit(
-                req.prompt_tokens, req.max_tokens, req.ignore_eos, stream=req.stream,
-                cached=req.cached_tokens or 0,
-            )
+            for i in range(req.asked.n):  # n choices: n sequences in the engine
+                seqs.append(self.engine.submit(
+                    req.prompt_tokens, req.max_tokens, req.ignore_eos, stream=req.stream,
+                    cached=req.cached_tokens or 0, asked=req.asked, choice=i,
+                ))
         except ContextLengthError as exc:
-            return error_response(400, str(exc), "BadRequestError")
+            return self.refuse(400, str(exc), "BadRequestError")
         try:
             if req.stream:
-                return await self._stream(request, req, seq, fault, chat=chat)
-            return await self.whole(req, seq, chat=chat)
+                return await self._stream(request, req, seqs[0], fault, chat=chat)
+            return await self.whole(req, *seqs, chat=chat)
         finally:
             # The client went away (CancelledError, ConnectionResetError) or the stream
             # ended: either way the slot and the KV go back now. A no-op when finished.
-            self.engine.abort(seq)
+            for seq in seqs:
+                self.engine.abort(seq)
 
     def writer(self, req: CompletionRequest, seq: Sequence, *, chat: bool) -> ChunkWriter:
         """A ChunkWriter for one request, set up as this server streams."""
@@ -309,40 +328,53 @@ class SimServer:
         them (the tokenizer's ids, else its words)."""
         return text.split() if self.tokens is None else self.tokens.ids(text, False)
 
-    async def whole(self, req: CompletionRequest, seq: Sequence, *, chat: bool) -> web.Response:
-        """The whole (non-streamed) answer, once `seq` is done."""
-        while not seq.done:
-            await self.engine.wait(seq)
-        if seq.finish_reason == "abort":
+    async def whole(self, req: CompletionRequest, *seqs: Sequence, chat: bool) -> web.Response:
+        """The whole (non-streamed) answer, once every one of `seqs` (its n choices) is done."""
+        for seq in seqs:
+            while not seq.done:
+                await self.engine.wait(seq)
+        if any(seq.finish_reason == "abort" for seq in seqs):
             return error_response(503, "The server is shutting down.", "ServiceUnavailableError")
-        text = completion_text(seq, self.words)
-        if chat:
-            rid, obj = f"chatcmpl-{uuid.uuid4().hex}", "chat.completion"
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-            }
-        else:
-            rid, obj = f"cmpl-{uuid.uuid4().hex}", "text_completion"
-            choice = {"index": 0, "text": text}
-        choice["logprobs"] = None
-        choice["finish_reason"] = seq.finish_reason
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        obj = "chat.completion" if chat else "text_completion"
+        seq = seqs[0]
+        generated = sum(s.generated for s in seqs)
         return web.json_response(
             {
                 "id": rid,
                 "object": obj,
                 "created": int(time.time()),
                 "model": self.cfg.model_name,
-                "choices": [choice],
+                "choices": [self._choice(req, s, i, rid, chat=chat) for i, s in enumerate(seqs)],
                 "usage": {
                     "prompt_tokens": seq.prompt_tokens,
-                    "completion_tokens": seq.generated,
-                    "total_tokens": seq.prompt_tokens + seq.generated,
+                    "completion_tokens": generated,
+                    "total_tokens": seq.prompt_tokens + generated,
                     **({} if req.cached_tokens is None else
                        {"prompt_tokens_details": {"cached_tokens": req.cached_tokens}}),
                 },
             }
         )
+
+    def _choice(self, req: CompletionRequest, seq: Sequence, index: int, rid: str, *,
+                chat: bool) -> dict[str, Any]:
+        """One choice of a whole answer: its text (or JSON, or a tool call), its logprobs."""
+        a = req.asked
+        text = completion_text(seq, self.words)
+        reason = seq.finish_reason
+        choice: dict[str, Any] = {"index": index}
+        if chat and a.tool is not None:
+            call = features.tool_call(a.tool, text, f"{rid}{index}")
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": [call]}
+            reason = "tool_calls"
+        elif chat:
+            choice["message"] = {"role": "assistant", "content": features.content(text, a)}
+        else:
+            choice["text"] = features.content(text, a)
+        choice["logprobs"] = None if a.logprobs is None else features.logprobs(
+            seq.offset, seq.generated, a.logprobs, self.words, chat=chat)
+        choice["finish_reason"] = reason
+        return choice
 
     async def _tokenize(self, request: web.Request) -> web.Response:
         """POST /tokenize: vLLM's and SGLang's shape ({"prompt", "add_special_tokens"
