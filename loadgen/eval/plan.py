@@ -419,6 +419,22 @@ def plan_from_builtins(data: dict[str, Any], source: str) -> Plan:
     return _build(data, source)
 
 
+def scenarios_from_builtins(data: dict[str, Any], source: str) -> dict[str, Scenario] | None:
+    """The [scenarios] of a plan that plan_to_builtins wrote, read alone (an older eval's plan
+    may lack keys of today's phases); None: a plan from before scenarios."""
+    raw = data.get("scenarios") if isinstance(data, dict) else None
+    if raw is None:
+        return None
+    try:
+        scenarios = msgspec.convert(raw, dict[str, Scenario], dec_hook=_dec_hook)
+    except msgspec.ValidationError as e:
+        raise PlanError(f"{source}: scenarios: {e}") from None
+    problem = _check_scenarios(scenarios)
+    if problem:
+        raise PlanError(f"{source}: {problem}")
+    return scenarios
+
+
 def default_plan() -> Plan:
     return _build(_default_raw(), "the default plan")
 
