@@ -42,6 +42,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -58,7 +59,6 @@ from loadgen.record.rundir import iter_snapshots, scrub
 from loadgen.run.config import ConfigError, RunConfig
 from loadgen.run.coordinator import Coordinator
 from loadgen.run.preflight import TargetError, check_url, wait_for_target
-from loadgen.run.prometheus import PrometheusEndpoint
 from loadgen.run.resume import resumed
 from loadgen.run.secrets import Secrets
 from loadgen.run.sinks import Publish, RunHandle, Sink, SinkError
@@ -71,6 +71,9 @@ from loadgen.run.summary import (
     write_json,
 )
 from loadgen.run.watch import Watch
+
+if TYPE_CHECKING:
+    from loadgen.run.prometheus import PrometheusEndpoint
 
 log = logging.getLogger("tokentop.session")
 
@@ -236,7 +239,10 @@ class Session:
         self.coord = Coordinator(cfg, self.secrets, resume=resume)
         if cfg.prometheus_port is not None:
             # bound here, before the run directory and the load: a port in use is refused
-            # in words and nothing has started
+            # in words and nothing has started. Imported here: the endpoint's aiohttp.web
+            # server is start-up CPU that a run without --prometheus-port does not pay
+            from loadgen.run.prometheus import PrometheusEndpoint
+
             self.prometheus = PrometheusEndpoint(
                 cfg.prometheus_host, cfg.prometheus_port, say=self.say,
                 goodput=self.coord.parsed.slos.per_request is not None)

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from loadgen.fleet.link import PASSWORD_ENV, BrokerError, BrokerSettings, parse_broker_url
-from loadgen.fleet.publisher import SnapshotPublisher
 from loadgen.fleet.remote import LoadNow, RemoteCaps, RemoteControl
 from loadgen.model.notice import Notice, Say
 from loadgen.model.snapshot import Control, Snapshot
 from loadgen.model.windows import SnapshotWindows
 from loadgen.run.config import PublishTo
 from loadgen.run.summary import progress_line
+
+if TYPE_CHECKING:
+    from loadgen.fleet.publisher import SnapshotPublisher
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,9 @@ class Publish:
         self.publisher: SnapshotPublisher | None = None
 
     async def start(self, run: RunHandle) -> None:
+        # the publisher (aiomqtt, paho) is loaded only by a run that publishes
+        from loadgen.fleet.publisher import SnapshotPublisher
+
         p = self.p
         caps = RemoteCaps(p.max_concurrency, p.max_rate) if p.remote_control else None
         remote = RemoteControl(agent=p.name, caps=caps, apply=run.control, load=run.load_now)

@@ -29,7 +29,25 @@ presets.py (the profiles, and the simulator described in words), launch.py (the 
 to a child process).
 """
 
-from loadgen.sim.model import SimConfig
-from loadgen.sim.program import RunningSim, serve_forever, start_sim
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loadgen.sim.model import SimConfig
+    from loadgen.sim.program import RunningSim, serve_forever, start_sim
 
 __all__ = ["RunningSim", "SimConfig", "serve_forever", "start_sim"]
+
+# The names are loaded on first use (PEP 562), not here: a run against a real server imports
+# loadgen.sim.model (SimConfig) and presets, and importing the package must not bring the
+# server (aiohttp.web and the handlers) with it.
+_HOMES = {"SimConfig": "loadgen.sim.model", "RunningSim": "loadgen.sim.program",
+          "serve_forever": "loadgen.sim.program", "start_sim": "loadgen.sim.program"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)
