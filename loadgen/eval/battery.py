@@ -39,6 +39,7 @@ from loadgen.analysis.sweep import (
 from loadgen.analysis.sweep import write_outputs as write_sweep
 from loadgen.eval import matrix
 from loadgen.eval.chaos import Chaos, listener_pid, mttr_apart_from_kill
+from loadgen.eval.conformance import Target, Unreachable, run_checks
 from loadgen.eval.dcgm_watch import DcgmWatch
 from loadgen.eval.efficiency import (
     EngineSlope,
@@ -329,6 +330,20 @@ def _baseline_load(ev: Eval) -> dict[str, Any]:
 
 
 # ---- the phases ------------------------------------------------------------------------------
+
+
+async def conformance(ev: Eval) -> PhaseResult:
+    """What the target supports of the OpenAI API (loadgen.eval.conformance): a few short
+    requests, before any load, with the run's headers."""
+    p = ev.phases.conformance
+    if not p.enabled:
+        return skipped("disabled in the plan")
+    target = Target(url=ev.url, headers=ev.secrets.request_headers(), model=ev.cfg.model,
+                    timeout_s=float(p.timeout), metrics_url=ev.cfg.metrics_url)
+    try:
+        return done(await run_checks(target))
+    except Unreachable as e:
+        return failed(str(e))
 
 
 async def baseline(ev: Eval) -> PhaseResult:
@@ -660,6 +675,7 @@ def _load_text(mode: str, concurrency: int, rate: float) -> str:
 
 # each phase's run, by name (a test holds the keys to PHASES)
 RUNS: dict[Phase, Callable[[Eval], Any]] = {
+    "conformance": conformance,
     "baseline": baseline, "ramp": ramp, "long_tail": long_tail, "faults": faults,
     "leaks": leaks, "efficiency": efficiency, "scaling": scaling,
 }

@@ -142,6 +142,25 @@ def _ms(latency: dict[str, Summary | None] | None, metric: str, q: str) -> float
     return summary.get(q) if summary is not None else None
 
 
+def _conformance(results: Results) -> Iterator[Row]:
+    """A row per API check: a fact, not a figure (value None), its verdict and evidence in
+    the note (✓ yes, ✗ no, ~ partial); one row saying why when there are none, and none
+    at all for an eval from before the phase (its other phases ran, this one has no result),
+    so that its matrix and its comparisons stay what they were."""
+    from loadgen.eval.conformance import MARKS  # the checks' module imports aiohttp
+
+    if results.conformance is None and results.ran():
+        return
+    f, why = _ran(results.conformance, "conformance")
+    dim = "API conformance"
+    if f is None:
+        yield Row(dim, "API checks", None, note=why, id="conformance")
+        return
+    for c in f.checks:
+        yield Row(dim, c.name, None, note=f"{MARKS[c.verdict]} {c.verdict}: {c.evidence}",
+                  id=f"conformance.{c.id}")
+
+
 def _baseline(results: Results) -> Iterator[Row]:
     f, why = _ran(results.baseline, "baseline")
     dim = "latency & throughput"
@@ -524,6 +543,7 @@ def _scaling(results: Results) -> Iterator[Row]:
 
 # each phase's section of the matrix, by name (a test holds the keys to PHASES)
 BUILDERS: dict[Phase, Callable[[Results], Iterator[Row]]] = {
+    "conformance": _conformance,
     "baseline": _baseline, "ramp": _ramp, "long_tail": _long_tail, "faults": _faults,
     "leaks": _leaks, "efficiency": _efficiency, "scaling": _scaling,
 }

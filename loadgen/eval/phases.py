@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple, get_args
 
-Phase = Literal["baseline", "ramp", "long_tail", "faults", "leaks", "efficiency", "scaling"]
+Phase = Literal["conformance", "baseline", "ramp", "long_tail", "faults", "leaks", "efficiency",
+                "scaling"]
 PHASES: tuple[Phase, ...] = get_args(Phase)
 
 
@@ -18,6 +19,8 @@ class About(NamedTuple):
 
 
 ABOUT: dict[Phase, About] = {
+    "conformance": About("what the target supports of the OpenAI API, each check yes, no or "
+                         "partial with its evidence (a few short requests)", loads=False),
     "baseline": About("a fixed load: req/s, tok/s, TTFT / ITL / E2E P50–P99.9, errors, SLO "
                       "verdicts", loads=True),
     "ramp": About("a sweep (loadgen.analysis.sweep): the knee and the max goodput", loads=True),

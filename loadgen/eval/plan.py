@@ -210,6 +210,17 @@ class _Table(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """A plan table: every key required (the default plan gives each), none unknown."""
 
 
+class Conformance(_Table):
+    """The API checks (loadgen.eval.conformance), before any load; a few short requests."""
+
+    enabled: bool
+    timeout: Duration  # each check's; a hang past it is "no answer"
+
+
+# the plans of the evals before the conformance phase: it did not run there, nor on resume
+_NO_CONFORMANCE = Conformance(enabled=False, timeout=Duration(10.0))
+
+
 class Baseline(_Table):
     """A fixed load; its workload is every phase's, its load the faults phase's too."""
 
@@ -359,7 +370,8 @@ class Scenario(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # whole-run thresholds judge the rows they apply to
 
 
-class Phases(_Table):
+class Phases(_Table, kw_only=True):  # kw_only: an optional field first
+    conformance: Conformance = msgspec.field(default_factory=lambda: _NO_CONFORMANCE)
     baseline: Baseline
     ramp: Ramp
     long_tail: LongTail
@@ -748,6 +760,14 @@ stagger = "auto"
 # response_format = "json" # {"type": "json_object"}: guided decoding
 extra_body = {}            # merged into every body, e.g. { repetition_penalty = 1.1 }
 
+# 0. API conformance: what the server supports of the OpenAI API, before any load (a few
+#    short requests): /v1/models, chat and completions (streamed and not), usage, max_tokens,
+#    stop, n, logprobs, seed, response_format, tools, ignore_eos / min_tokens, its 4xx
+#    errors, /tokenize, /metrics, /health; each yes, no or partial with its evidence.
+[phases.conformance]
+enabled = true
+timeout = "10s"          # each check's; no answer within it is a "no"
+
 # 1. Baseline: a fixed load: req/s, output tok/s, TTFT / ITL / E2E P50 to P99.9.
 #    Every phase sends this workload; the faults phase drives this load too.
 [phases.baseline]
@@ -869,6 +889,9 @@ rows = ["long_tail.availability", "faults.mttr", "faults.chaos.mttr", "faults.*.
         "faults.*.recovery", "baseline.error_rate", "leaks.server_rss", "leaks.engine_kv"]
 
 # --quick: these keys replace the ones above; the rest stays.
+[quick.conformance]
+timeout = "5s"
+
 [quick.baseline]
 duration = "20s"
 warmup = "5s"

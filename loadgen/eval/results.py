@@ -39,6 +39,25 @@ class _Figures(msgspec.Struct):
     field may follow an optional one where the JSON's order has it so."""
 
 
+# ---- conformance ------------------------------------------------------------------------------
+
+Verdict = Literal["yes", "no", "partial"]
+
+
+class Check(msgspec.Struct, kw_only=True):
+    """One API conformance check (loadgen.eval.conformance): what the target did."""
+
+    id: str  # "stop", "n", "errors.unknown_model": the same in every eval
+    name: str  # in words, for the table
+    verdict: Verdict
+    evidence: str  # the status, the first bytes (plain, short), what differed
+
+
+class ConformanceFigures(_Figures, kw_only=True):
+    model: str | None  # the model the checks asked for
+    checks: list[Check]
+
+
 # ---- baseline and efficiency ------------------------------------------------------------------
 
 
@@ -239,6 +258,7 @@ class PhaseResult(msgspec.Struct, Generic[F], kw_only=True, omit_defaults=True):
 class Results(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The phases that have a result, in PHASES' order (a test holds the fields to it)."""
 
+    conformance: PhaseResult[ConformanceFigures] | None = None
     baseline: PhaseResult[BaselineFigures] | None = None
     ramp: PhaseResult[RampFigures] | None = None
     long_tail: PhaseResult[LongTailFigures] | None = None

@@ -110,7 +110,8 @@ def test_the_phases_are_named_once():
     # the matrix's sections come in the phases' order
     firsts = [next(r.dimension for r in matrix.BUILDERS[p](Results())) for p in PHASES]
     assert [d.split(" (")[0] for d in firsts] == [
-        "latency & throughput", "pressure ramp", "long tail", "stability under faults",
+        "API conformance", "latency & throughput", "pressure ramp", "long tail",
+        "stability under faults",
         "leaks", "efficiency", "scaling"]
 
 
