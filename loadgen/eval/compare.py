@@ -27,7 +27,7 @@ import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from msgspec import UNSET
 
@@ -35,6 +35,9 @@ from loadgen.eval.matrix import Row, shown, state_rows
 from loadgen.eval.results import EvalState, GpuInfo, Header, Workload
 from loadgen.model import units
 from loadgen.model.text import plain
+
+if TYPE_CHECKING:
+    from loadgen.eval.scenarios import Verdicts
 
 NOISE_BAND_PCT = 5.0  # one run each: a change of this much or less is the same within noise
 FIGURE_WIDTH = 40  # the text's figure column: longer names wrap, never cut
@@ -104,6 +107,8 @@ class Comparison:
     lines: tuple[Line, ...]
     differences: tuple[str, ...]  # where the evals differ, one sentence each
     notes: tuple[str, ...]  # the noise rules used
+    # the verdict per scenario of the plan (loadgen.eval.scenarios), the outputs' last section
+    scenarios: Verdicts | None = None
 
 
 @dataclass(frozen=True)
@@ -220,11 +225,13 @@ def comparison(evals: Sequence[tuple[str, EvalState]]) -> Comparison:
         changes = tuple(None if i == 0 or first is None or r is None else judge(first, r)
                         for i, r in enumerate(row_of))
         lines.append(Line(id_, row_of, changes))
+    from loadgen.eval.scenarios import verdicts  # it judges with this module's judge
+
     return Comparison(
         names=tuple(n for n, _ in evals),
         labels=tuple(_label(e) for _, e in evals),
         lines=tuple(lines), differences=tuple(differences(evals)),
-        notes=tuple(_noise_notes(lines)))
+        notes=tuple(_noise_notes(lines)), scenarios=verdicts(evals, lines))
 
 
 def _ids(orders: list[list[str]]) -> list[str]:
@@ -436,6 +443,7 @@ def _text(c: Comparison, judged: Gate | None) -> str:
         out += ["  " + n for n in names[1:]]
         out += [f"    · {n}" for n in _row_notes(c, line)]
     out += judged.lines() if judged else []
+    out += c.scenarios.text_lines() if c.scenarios else []
     return "\n".join(out)
 
 
@@ -456,12 +464,14 @@ def _md(c: Comparison, judged: Gate | None) -> str:
             for line in c.lines]
     if judged:
         out += ["", *(f"**{g.strip()}**" for g in judged.lines())]
+    out += c.scenarios.md_lines() if c.scenarios else []
     return "\n".join(out)
 
 
 def _csv(c: Comparison, judged: Gate | None) -> str:
     """One line per row id: what it is, then per eval its value and what goes with it, and
-    per later eval the change against the first. The differences are in md, text, json."""
+    per later eval the change against the first; then, per scenario, the row's part in it
+    and the scenario's verdict. The differences are in md, text, json."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     head = ["id", "dimension", "figure", "unit", "better"]
@@ -471,7 +481,7 @@ def _csv(c: Comparison, judged: Gate | None) -> str:
                  f"{x} load", f"{x} verdict", f"{x} flags"]
         if i:
             head += [f"{x} change %", f"{x} judgement"]
-    w.writerow(head)
+    w.writerow(head + (c.scenarios.csv_head() if c.scenarios else []))
     for line in c.lines:
         r = line.row
         cells: list[Any] = [line.id, r.dimension, plain(r.figure), r.unit, r.better or ""]
@@ -479,7 +489,8 @@ def _csv(c: Comparison, judged: Gate | None) -> str:
             cells += _csv_cells(row)
             if i:
                 cells += _csv_change(change)
-        w.writerow(cells)
+        w.writerow(cells + (c.scenarios.csv_cells(line.id, len(c.names)) if c.scenarios
+                            else []))
     return buf.getvalue().rstrip("\n")
 
 
@@ -509,6 +520,7 @@ def _json(c: Comparison, judged: Gate | None) -> str:
         "gate": None if judged is None else {
             "fail_on_regression_pct": judged.pct, "passed": not judged.failed,
             "failed": [{"id": r.line.id, "eval": _letter(r.eval)} for r in judged.failed]},
+        "scenarios": c.scenarios.json() if c.scenarios else None,
     }
     return json.dumps(doc, indent=2, ensure_ascii=False)
 
