@@ -15,6 +15,10 @@ beyond the noise, else "same within noise".
   with no per cent of zero.
 A row whose `better` is None (the knee's load, GPU utilisation) is a fact: its change is
 shown, never judged.
+
+Every output ends with a verdict per scenario of the first eval's plan (loadgen.eval.
+scenarios): which eval to pick for real-time work, batch work, production, judged by this
+noise rule on the rows that matter to each.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
+from msgspec import UNSET
+
 from loadgen.eval.compare import Change, Judgement, Line, _letter, judge
 from loadgen.eval.matrix import Row, shown
 from loadgen.eval.matrix import judge as judge_limit
@@ -296,8 +298,7 @@ def _goodput_slo(e: EvalState, id_: str) -> str | None:
     plan = e.plan if isinstance(e.plan, dict) else {}
     base = e.phases.baseline
     if id_ == "baseline.goodput" and base is not None and base.figures is not None \
-            and isinstance(base.figures.goodput_slo, str | None) \
-            and not _unset(base.figures.goodput_slo):
+            and base.figures.goodput_slo is not UNSET:  # older evals: the plan's says it
         return base.figures.goodput_slo
     text = plan.get("slo") or ""
     if id_ == "ramp.max_goodput":
@@ -308,12 +309,6 @@ def _goodput_slo(e: EvalState, id_: str) -> str | None:
     except ValueError:
         return None
     return slo.text if slo is not None else None
-
-
-def _unset(value: object) -> bool:
-    from msgspec import UNSET
-
-    return value is UNSET
 
 
 def _limits(line: Line, thresholds: list) -> tuple[str, tuple[str | None, ...]]:

@@ -38,7 +38,9 @@ def _parser() -> Parser:
         "Evals side by side, rows matched by what they measure, each later eval judged "
         "against the first: better or worse only beyond the noise (non-overlapping 95 % "
         f"intervals with --repeat on both sides, else a ±{NOISE_BAND_PCT:g} % band); says "
-        "where the evals differ (engine, model, GPUs, plan, workload, profile)."))
+        "where the evals differ (engine, model, GPUs, plan, workload, profile); ends with a "
+        "verdict per scenario of the first eval's plan ([scenarios]: realtime, batch, "
+        "production, or yours), or no clear winner and why."))
     p.add_argument("evals", nargs="+", type=Path, help="`tokentop eval --out` directories "
                    "(or their eval.json); the first is the baseline")
     p.add_argument("--format", choices=FORMATS, default="text",
