@@ -226,8 +226,7 @@ def _rows(s: Scenario, states: Sequence[EvalState], lines: Sequence[Line],
     for pattern, weight in zip(s.rows, weights, strict=True):
         matched = [line for line in lines if fnmatchcase(line.id, pattern)]
         if not matched:
-            why = "; ".join(f"{_letter(i)}: {_why_missing(e, pattern, None)}"
-                            for i, e in enumerate(states))
+            why = _grouped({i: _why_missing(e, pattern, None) for i, e in enumerate(states)})
             out.append(ScenarioRow(pattern, pattern, weight, (), (), f"in no eval ({why})"))
         for line in matched:
             if line.id not in seen:
@@ -260,10 +259,10 @@ _COUNTED = (Judgement.BETTER, Judgement.WORSE, Judgement.SAME)
 
 def _not_judged(line: Line, states: Sequence[EvalState], per_request: str | None) -> str:
     """Why a row cannot be counted: an eval without its value, goodput within another SLO."""
-    missing = [f"{_letter(i)}: {_why_missing(states[i], line.id, r)}"
-               for i, r in enumerate(line.rows) if r is None or r.value is None]
+    missing = {i: _why_missing(states[i], line.id, r)
+               for i, r in enumerate(line.rows) if r is None or r.value is None}
     if missing:
-        return "missing in " + "; ".join(missing)
+        return "missing in " + _grouped(missing)
     if line.id in GOODPUT_ROWS:
         within = [_goodput_slo(e, line.id) for e in states]
         if per_request is not None and any(w != per_request for w in within):
@@ -272,6 +271,14 @@ def _not_judged(line: Line, states: Sequence[EvalState], per_request: str | None
         if len(set(within)) > 1:
             return f"goodput counted within different SLOs ({_slo_list(within)})"
     return ""
+
+
+def _grouped(whys: dict[int, str]) -> str:
+    """'A, B: ramp skipped: …; C: …': the evals that share a reason named once."""
+    by_why: dict[str, list[str]] = {}
+    for i, why in whys.items():
+        by_why.setdefault(why, []).append(_letter(i))
+    return "; ".join(f"{', '.join(who)}: {why}" for why, who in by_why.items())
 
 
 def _slo_list(within: list[str | None]) -> str:
@@ -394,14 +401,21 @@ def _split(rows: list[ScenarioRow], n: int) -> str:
     """Why no eval wins: each pair's split, or every row within the noise."""
     if all(p.change.judgement is Judgement.SAME for r in rows for p in r.pairs):
         return "every row within the noise (" + ", ".join(r.figure for r in rows) + ")"
-    parts = []
+    parts, beaten = [], []
     for x in range(n):
         for y in range(x + 1, n):
             a, b = _list(rows, x, Judgement.BETTER, y), _list(rows, y, Judgement.BETTER, x)
+            if a == "none" or b == "none":  # one side dominates (or neither): no split
+                if a != b:
+                    beaten.append((y, x) if a == "none" else (x, y))  # (winner, loser)
+                continue
             same = [r.figure for r in rows if _side(r, x, y) is Judgement.SAME]
             said = f"{_letter(x)} is better on {a}, {_letter(y)} on {b}"
             parts.append(said + (f"; within the noise: {', '.join(same)}" if same else ""))
-    return "; ".join(parts)
+    for loser in dict.fromkeys(o for _, o in beaten):
+        by = ", ".join(_letter(w) for w, o in beaten if o == loser)
+        parts.append(f"{_letter(loser)} is beaten by {by}")
+    return "; ".join(parts) or "no eval is better on a row and worse on none"
 
 
 def _notes(rows: list[ScenarioRow]) -> list[str]:

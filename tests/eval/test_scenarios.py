@@ -133,7 +133,7 @@ def test_a_row_an_eval_lacks_is_said_never_counted():
 def test_a_scenario_whose_rows_no_eval_has_says_so():
     v = verdicts(baseline(80.0, 500.0), baseline(50.0, 600.0))["robust"]
     assert v.winner is None and v.reason == "none of its rows is in these evals"
-    assert any("faults.*.success_rate" in n and "A: faults did not run" in n
+    assert any("faults.*.success_rate" in n and "A, B: faults did not run" in n
                for n in v.notes)
 
 
@@ -160,7 +160,10 @@ def test_three_evals_the_winner_beats_each_other():
     v = verdicts(baseline(80.0, 500.0), baseline(50.0, 600.0), baseline(65.0, 550.0))["speed"]
     assert v.winner == 1
     v = verdicts(baseline(80.0, 500.0), baseline(50.0, 600.0), baseline(40.0, 550.0))["speed"]
-    assert v.winner is None and "B is better on output tokens/s" in v.reason
+    assert v.winner is None
+    assert v.reason.startswith("B is better on output tokens/s (600 tok/s against 550 tok/s), "
+                               "C on TTFT P99 (40.0 ms against 50.0 ms)")
+    assert v.reason.endswith("; A is beaten by B, C")  # no split: each is better than A
 
 
 def test_a_bad_scenario_row_is_one_line_naming_its_path():
