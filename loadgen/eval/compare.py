@@ -113,6 +113,9 @@ class Comparison:
     notes: tuple[str, ...]  # the noise rules used
     # the verdict per scenario of the plan (loadgen.eval.scenarios), the outputs' last section
     scenarios: Verdicts | None = None
+    # the API conformance checks side by side (loadgen.eval.conformance), text and md only:
+    # csv and json carry each check as its own row
+    features: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -229,13 +232,15 @@ def comparison(evals: Sequence[tuple[str, EvalState]]) -> Comparison:
         changes = tuple(None if i == 0 or first is None or r is None else judge(first, r)
                         for i, r in enumerate(row_of))
         lines.append(Line(id_, row_of, changes))
+    from loadgen.eval.conformance import conformance_table
     from loadgen.eval.scenarios import verdicts  # it judges with this module's judge
 
     return Comparison(
         names=tuple(n for n, _ in evals),
         labels=tuple(_label(e) for _, e in evals),
         lines=tuple(lines), differences=tuple(differences(evals)),
-        notes=tuple(_noise_notes(lines)), scenarios=verdicts(evals, lines))
+        notes=tuple(_noise_notes(lines)), scenarios=verdicts(evals, lines),
+        features=tuple(conformance_table(evals)))
 
 
 def _ids(orders: list[list[str]]) -> list[str]:
@@ -446,6 +451,7 @@ def _text(c: Comparison, judged: Gate | None) -> str:
         out.append(_aligned(["  " + names[0], *cells[1:]], widths))
         out += ["  " + n for n in names[1:]]
         out += [f"    · {n}" for n in _row_notes(c, line)]
+    out += ["", *c.features] if c.features else []
     out += judged.lines() if judged else []
     out += c.scenarios.text_lines() if c.scenarios else []
     return "\n".join(out)
@@ -466,6 +472,7 @@ def _md(c: Comparison, judged: Gate | None) -> str:
                            for k, h in enumerate(head)) + "|"]
     out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in _cells(c, line)) + " |"
             for line in c.lines]
+    out += ["", "```", *c.features, "```"] if c.features else []
     if judged:
         out += ["", *(f"**{g.strip()}**" for g in judged.lines())]
     out += c.scenarios.md_lines() if c.scenarios else []

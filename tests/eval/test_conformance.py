@@ -174,3 +174,8 @@ def test_the_eval_phase_keeps_a_row_per_check(sim_process, tmp_path):
     line = next(t for t in table if t.startswith("/tokenize"))
     assert line.split()[-2:] == ["✗", "–"]
     assert len(table) == 2 + len(CHECKS)
+    # and eval compare shows that table in its text and md, once
+    from loadgen.eval.compare import comparison, render
+    shown = comparison([("new", state), ("old", old)])
+    for fmt in ("text", "md"):
+        assert render(shown, fmt).count(line) == 1

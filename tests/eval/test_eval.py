@@ -196,7 +196,7 @@ def test_a_killed_eval_resumes_at_its_phase_and_compare_says_what_differs(full, 
     finally:
         proc.wait(10)
     kept = _phases(out)
-    assert set(kept) == {"baseline", "ramp"}
+    assert set(kept) == {"conformance", "baseline", "ramp"}
     again = subprocess.run(eval_argv(sims[0], plan, out), capture_output=True, text=True,
                            timeout=240, stdin=subprocess.DEVNULL, cwd=ROOT)
     assert again.returncode == 2 and "holds an eval already" in again.stderr

@@ -52,7 +52,7 @@ bucket = "1s"
 enabled = false
 """
 DEADLINE_S = 120.0
-LOADING = (1, 2, 3)  # the phases that put load on the server in this plan (seconds each)
+LOADING = (2, 3, 4)  # the phases that put load on the server in this plan (seconds each)
 
 
 def _plan(tmp: Path, tail: float = 3.0) -> Path:
@@ -140,7 +140,8 @@ async def test_the_strip_follows_a_real_eval_phase_by_phase(tmp_path: Path, caps
                 kept = set(_phases(out))
                 assert set(PHASES[:p.index - 1]) <= kept
                 assert p.name not in kept or p.index not in LOADING
-                assert f"phase {p.index}/7 {p.name.replace('_', ' ')}" in strip_text(p, 120)
+                said = f"phase {p.index}/{len(PHASES)} {p.name.replace('_', ' ')}"
+                assert said in strip_text(p, 120)
             return p is not None and p.state == "finished"
 
         await _until(pilot, "the eval finished on the strip", note)
@@ -148,13 +149,14 @@ async def test_the_strip_follows_a_real_eval_phase_by_phase(tmp_path: Path, caps
         await pilot.press("q")  # the eval is over: q quits at once
         await _until(pilot, "the console exited", lambda: not app.is_running, 60)
     assert set(LOADING) <= set(seen)  # the others last milliseconds: the strip may skip them
-    assert strip.progress is not None and strip.progress.index == 7
-    assert seen[1].phase_left_s == pytest.approx(BASELINE_S)
-    assert seen[2].phase_left_s == pytest.approx(RAMP_S)
-    assert seen[3].phase_left_s == pytest.approx(3.0)
-    assert seen[1].eval_left_s == pytest.approx(BASELINE_S + RAMP_S + 3.0)
-    assert seen[2].eval_left_s == pytest.approx(RAMP_S + 3.0)
-    assert seen[1].rows_filled == 0 and seen[2].rows_filled > 0
+    assert strip.progress is not None and strip.progress.index == len(PHASES)
+    baseline, ramp, tail = (seen[i] for i in LOADING)
+    assert baseline.phase_left_s == pytest.approx(BASELINE_S)
+    assert ramp.phase_left_s == pytest.approx(RAMP_S)
+    assert tail.phase_left_s == pytest.approx(3.0)
+    assert baseline.eval_left_s == pytest.approx(BASELINE_S + RAMP_S + 3.0)
+    assert ramp.eval_left_s == pytest.approx(RAMP_S + 3.0)
+    assert ramp.rows_filled > baseline.rows_filled  # the baseline's rows came in between
     assert (out / "runs" / "baseline").is_dir() and (out / "runs" / "long_tail").is_dir()
     assert after_console(source, app.error) == 0
     printed = capsys.readouterr()
@@ -185,7 +187,7 @@ async def test_quitting_mid_eval_leaves_it_resumable(tmp_path: Path, capsys) -> 
         await pilot.press("q")
         await _until(pilot, "the console exited", lambda: not app.is_running, 90)
     kept = _phases(out)
-    assert set(kept) == {"baseline", "ramp"}
+    assert set(kept) == {"conformance", "baseline", "ramp"}
     assert after_console(source, app.error) == 130
     err = capsys.readouterr().err
     assert f"resume with: tokentop eval --out {out}" in err
@@ -209,7 +211,7 @@ async def test_the_eval_stops_when_the_console_goes_away(tmp_path: Path) -> None
     async with asyncio.timeout(60):
         code = await source.proc.wait()
     assert code == 130
-    assert set(_phases(tmp_path / "out")) == {"baseline", "ramp"}
+    assert set(_phases(tmp_path / "out")) == {"conformance", "baseline", "ramp"}
     await source.reap()
 
 
@@ -268,6 +270,6 @@ def test_without_a_terminal_the_eval_prints_lines(tmp_path: Path, headless: bool
             f"--out={tmp_path / 'out'}", "--workers=1", *(["--headless"] if headless else [])]
     code, out, err = _in_a_pty(argv, stdout_too=headless)
     assert code == 0, err[-3000:]
-    assert "eval: phase 1/7 baseline" in err
+    assert "eval: phase 2/8 baseline" in err
     assert "\x1b[?1049h" not in out  # no console: the alternate screen never opened
     assert f"wrote {tmp_path / 'out' / 'eval.md'}" in out

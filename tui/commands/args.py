@@ -707,6 +707,24 @@ def _add_model_arguments(g: argparse._ArgumentGroup) -> None:
         "a leaking engine: the share of each finished request's KV never freed")
     opt("--idle-power-w", "idle_power_w", float, "simulated GPU idle power, W")
     opt("--power-limit-w", "power_limit_w", float, "simulated GPU power limit, W")
+    from loadgen.sim.features import BREAKABLE
+
+    g.add_argument("--break", dest="broken", type=_broken, default=None,
+                   metavar="FEATURE[,FEATURE]",
+                   help="features the server then lacks, for conformance tests: "
+                   f"{', '.join(BREAKABLE)} (default: none)")
+
+
+def _broken(text: str) -> list[str]:
+    """--break's comma-separated features, each one the simulator can break."""
+    from loadgen.sim.features import check_broken
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    try:
+        check_broken(names)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--break ")) from None
+    return names
 
 
 def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
