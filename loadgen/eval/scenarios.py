@@ -30,7 +30,8 @@ from typing import Any
 
 from msgspec import UNSET
 
-from loadgen.eval.compare import Change, Judgement, Line, _letter, judge
+from loadgen.eval.judging import Change, Judgement, Line, judge
+from loadgen.eval.judging import letter as _letter
 from loadgen.eval.matrix import Row, shown
 from loadgen.eval.matrix import judge as judge_limit
 from loadgen.eval.phases import PHASES
