@@ -20,13 +20,11 @@ import io
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from loadgen.analysis import plot_style
 from loadgen.analysis.report import Report, soak_report, write_soak_report
 from loadgen.analysis.soak_result import Slope
 from loadgen.analysis.sweep import (
@@ -37,7 +35,7 @@ from loadgen.analysis.sweep import (
     run_sweep,
 )
 from loadgen.analysis.sweep import write_outputs as write_sweep
-from loadgen.eval import matrix
+from loadgen.eval import batching, context, interference, matrix, memory
 from loadgen.eval.chaos import Chaos, listener_pid, mttr_apart_from_kill
 from loadgen.eval.conformance import Target, Unreachable, run_checks
 from loadgen.eval.dcgm_watch import DcgmWatch
@@ -48,12 +46,21 @@ from loadgen.eval.efficiency import (
     kv_per_request,
 )
 from loadgen.eval.header import collect_header
+from loadgen.eval.phase_run import (
+    Eval,
+    EvalError,
+    Say,
+    baseline_load,
+    load_text,
+    phase_cfg,
+    run_dir,
+    run_session,
+    target_of,
+)
 from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.plan import (
     FAULT_SETTLE_S,
     Leaks,
-    Phases,
-    Plan,
     plan_from_builtins,
     plan_to_builtins,
     planned_seconds,
@@ -68,7 +75,6 @@ from loadgen.eval.results import (
     EngineLeak,
     EvalState,
     FaultsFigures,
-    Header,
     LeaksFigures,
     LeakSlope,
     LongTailFigures,
@@ -78,90 +84,17 @@ from loadgen.eval.results import (
     Results,
     ScalingFigures,
     ScalingRow,
-    Workload,
     done,
     failed,
     read_state,
     skipped,
-    state_to_builtins,
 )
 from loadgen.eval.under_fault import FAULT_TICK_S, FaultNotes, under_fault
 from loadgen.eval.validity import span_of
-from loadgen.model.notice import Notice
-from loadgen.record.rundir import write_json_atomic
 from loadgen.run.config import RunConfig
 from loadgen.run.embedded_sim import EmbeddedSim, SimStartError
-from loadgen.run.secrets import Secrets
-from loadgen.run.session import Session, SessionError
-from loadgen.run.sinks import ProgressLines, Sink
-from loadgen.run.summary import EXIT_UNUSABLE
+from loadgen.run.session import SessionError
 from probes.server_metrics import metrics_url_for
-
-Say = Callable[[str], None]
-
-
-class EvalError(Exception):
-    """An eval that cannot start or go on; str(e) says why, for the user."""
-
-
-@dataclass
-class Eval:
-    """One eval: the command line's run settings (target, workload), the plan, where it is
-    written, and what its phases found so far (eval.json's `phases`)."""
-
-    cfg: RunConfig
-    plan: Plan
-    quick: bool
-    out: Path
-    secrets: Secrets = field(default_factory=Secrets)
-    say: Say = print
-    chaos_restart_cmd: str | None = None
-    dcgm_url: str | None = None  # a dcgm-exporter's /metrics: SM, tensor and DRAM activity
-    results: Results = field(default_factory=Results)
-    started: float = field(default_factory=time.time)
-    url: str = ""  # the target every phase loads (the embedded simulator's when no --url)
-    label: str | None = None  # --label: the header's
-    meta: dict[str, str] = field(default_factory=dict)  # --meta key=value: the header's
-    # a front end watching the eval (the live view): the sinks each phase's runs get too,
-    # by the run's name, and a call as each phase begins (its number from 1, its name)
-    sinks_for: Callable[[str], list[Sink]] = field(default=lambda name: [])
-    on_phase: Callable[[int, Phase], None] = field(default=lambda i, name: None)
-    header: Header | None = None  # what was measured: found once, when the eval starts
-
-    @property
-    def phases(self) -> Phases:
-        return self.plan.profile(self.quick)
-
-    @property
-    def state_path(self) -> Path:
-        return self.out / "eval.json"
-
-    def state(self, finished: bool = False, rows: list[dict] | None = None) -> EvalState:
-        return EvalState(
-            format=EVAL_FORMAT, started=self.started, finished=finished, quick=self.quick,
-            target=self.cfg.url or "embedded simulator",
-            workload=workload_of(self.cfg, self.phases), plan=plan_to_builtins(self.plan),
-            phases=self.results, rows=msgspec.UNSET if rows is None else rows,
-            header=msgspec.UNSET if self.header is None else self.header)
-
-    def save(self, finished: bool = False, rows: list[dict] | None = None) -> None:
-        write_json_atomic(self.state_path, state_to_builtins(self.state(finished, rows)))
-
-
-def target_of(ev: Eval) -> str:
-    """The eval's target as it names it in plots: the embedded simulator, or the server's
-    model and engine (the header's) at the --url's host."""
-    header = ev.header
-    return plot_style.target_name(ev.cfg.url, header.model if header else None,
-                                  header.engine if header else None)
-
-
-def workload_of(cfg: RunConfig, phases: Phases) -> Workload:
-    b = phases.baseline
-    return Workload(api=cfg.api, model=cfg.model, dataset=str(b.dataset),
-                    input_tokens=str(b.input_tokens), output_tokens=str(b.output_tokens),
-                    tokenizer=cfg.tokenizer, mode=b.mode,
-                    load=b.concurrency if b.mode == "closed" else b.rate)
 
 
 def load_state(out: Path) -> EvalState | None:
@@ -279,56 +212,6 @@ def _off(table):
     return msgspec.structs.replace(table, enabled=False)
 
 
-def _run_dir(ev: Eval, name: str) -> Path:
-    """A fresh run directory for the phase (a try killed before is left as it was)."""
-    base = ev.out / "runs" / name
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{name}.try{n}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _phase_cfg(ev: Eval, name: str, **load: Any) -> RunConfig:
-    """The command line's settings with the phase's load, SLOs and run directory."""
-    b = ev.phases.baseline
-    return msgspec.structs.replace(
-        ev.cfg, url=load.pop("url", ev.url), out=str(_run_dir(ev, name)), resume=None,
-        dataset=str(b.dataset), input_tokens=str(b.input_tokens),
-        output_tokens=str(b.output_tokens), slo=str(ev.plan.slo) or None,
-        ramp=None, auto_ramp=False, max_requests=None, stagger=ev.plan.stagger.seconds, **load)
-
-
-async def _session(ev: Eval, name: str, cfg: RunConfig,
-                   on_session: Callable[[Session], None] | None = None) -> Path:
-    """Run `cfg` through one Session to its end; its run directory. `on_session` gets the
-    Session before it starts (the faults phase notes its faults in it)."""
-
-    def say(notice: Notice) -> None:
-        ev.say(f"  {name}: {notice.text}")
-
-    # the progress line every PROGRESS_EVERY_S, not every second: a day's soak in an eval is
-    # otherwise 86 400 lines; events and warnings as they come
-    session = Session(cfg, ev.secrets,
-                      sinks=[ProgressLines(say, every=PROGRESS_EVERY_S), *ev.sinks_for(name)],
-                      say=say)
-    if on_session is not None:
-        on_session(session)
-    code = await session.run()
-    if code == EXIT_UNUSABLE:  # said already, in the session's words
-        raise EvalError(f"{name}: the run could not start (said above)")
-    return Path(cfg.out or "")
-
-
-PROGRESS_EVERY_S = 10.0
-
-
-def _baseline_load(ev: Eval) -> dict[str, Any]:
-    b = ev.phases.baseline
-    return {"mode": b.mode, "concurrency": b.concurrency, "rate": b.rate}
-
-
 # ---- the phases ------------------------------------------------------------------------------
 
 
@@ -366,12 +249,12 @@ def _baseline_rows(figures: BaselineFigures) -> list:
 
 async def _baseline_run(ev: Eval, name: str) -> tuple[BaselineFigures, str]:
     b = ev.phases.baseline
-    cfg = _phase_cfg(ev, name, duration=float(b.duration), warmup=float(b.warmup),
-                     **_baseline_load(ev))
+    cfg = phase_cfg(ev, name, duration=float(b.duration), warmup=float(b.warmup),
+                     **baseline_load(ev))
     dcgm = DcgmWatch(ev.dcgm_url, float(b.warmup))
     watching = asyncio.create_task(dcgm.run())
     try:
-        run_dir = await _session(ev, name, cfg)
+        run_dir = await run_session(ev, name, cfg)
     finally:
         watching.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -381,7 +264,7 @@ async def _baseline_run(ev: Eval, name: str) -> tuple[BaselineFigures, str]:
     measured = r.measured_requests
     per_request = ev.plan.slos().per_request
     return BaselineFigures(
-        load=_load_text(b.mode, b.concurrency, b.rate),
+        load=load_text(b.mode, b.concurrency, b.rate),
         req_s=r.rates.req_s, output_tok_s=r.rates.output_tok_s,
         goodput_req_s=r.rates.goodput_req_s if per_request is not None else None,
         error_rate=r.rates.error_rate,
@@ -407,7 +290,7 @@ async def ramp(ev: Eval) -> PhaseResult:
     if not p.enabled:
         return skipped("disabled in the plan")
     slo = str(p.slo) or str(ev.plan.slo) or None
-    cfg = msgspec.structs.replace(_phase_cfg(ev, "ramp", mode=ev.phases.baseline.mode),
+    cfg = msgspec.structs.replace(phase_cfg(ev, "ramp", mode=ev.phases.baseline.mode),
                                   slo=slo, concurrency=0, rate=0.0, duration=None, warmup=0.0)
     plan = SweepPlan(steps=None if p.steps == "auto" else [float(s) for s in p.steps],
                      step_seconds=float(p.step_duration), step_warmup=float(p.step_warmup),
@@ -417,7 +300,7 @@ async def ramp(ev: Eval) -> PhaseResult:
     plan = dataclasses.replace(plan, steps=[s.load for s in runs[0]])
     for k in range(2, ev.plan.repeat + 1):
         runs.append(await _sweep(ev, msgspec.structs.replace(
-            cfg, out=str(_run_dir(ev, f"ramp.r{k}"))), plan, f"ramp {k}/{ev.plan.repeat}"))
+            cfg, out=str(run_dir(ev, f"ramp.r{k}"))), plan, f"ramp {k}/{ev.plan.repeat}"))
     steps = mean_steps(runs)
     knee, best = find_knee(steps, p.knee_fraction), best_goodput(steps)
     write_sweep(ev.out / "ramp", cfg, steps, knee, best, p.knee_fraction,
@@ -465,13 +348,13 @@ async def long_tail(ev: Eval) -> PhaseResult:
         knee = float(steps[-1].load)  # scaled to the end: the last step stands in
     mode = ev.phases.baseline.mode
     load = max(1.0, round(knee * p.fraction)) if mode == "closed" else knee * p.fraction
-    cfg = _phase_cfg(ev, "long_tail", mode=mode, concurrency=int(load), rate=float(load),
+    cfg = phase_cfg(ev, "long_tail", mode=mode, concurrency=int(load), rate=float(load),
                      duration=float(p.duration), warmup=0.0)
-    run_dir = await _session(ev, "long_tail", cfg)
+    run_dir = await run_session(ev, "long_tail", cfg)
     r = _report(run_dir, bucket_s=float(p.bucket), tail_k=p.tail_k)
     span = span_of(run_dir, r.measured_from, r.measured_to, r.long_tail.limits_ms)
     return done(LongTailFigures(
-        load=_load_text(mode, int(load), float(load)), seconds=r.measured_s,
+        load=load_text(mode, int(load), float(load)), seconds=r.measured_s,
         long_tail=r.long_tail, drift=r.drift, availability=r.availability, outages=r.outages,
         latency_ms=r.latency_ms, plots=r.plots or [], span=span,
         engine_kv=engine_memory_slope(run_dir, r, min_span_s=float(ev.phases.leaks.min_soak)),
@@ -504,15 +387,15 @@ async def faults(ev: Eval) -> PhaseResult:
         # the load goes through the proxy; /metrics and the server process are the target's
         # own (through the proxy the scrape would hang in a blackhole, and the process found
         # by the URL's port would be this one); a finer tick dates each fault's effect
-        cfg = _phase_cfg(ev, "faults", url=proxy.url_for(ev.url), duration=seconds,
+        cfg = phase_cfg(ev, "faults", url=proxy.url_for(ev.url), duration=seconds,
                          warmup=0.0, metrics_url=ev.cfg.metrics_url or metrics_url_for(ev.url),
                          server_pid=ev.cfg.server_pid or listener_pid(port),
-                         tick=min(ev.cfg.tick, FAULT_TICK_S), **_baseline_load(ev))
+                         tick=min(ev.cfg.tick, FAULT_TICK_S), **baseline_load(ev))
         tasks = [asyncio.create_task(proxy.run_schedule(schedule))]
         if chaos is not None and kill_at is not None:
             tasks.append(asyncio.create_task(chaos.run(kill_at)))
         try:
-            run_dir = await _session(ev, "faults", cfg, on_session=notes.attach)
+            run_dir = await run_session(ev, "faults", cfg, on_session=notes.attach)
         finally:
             for task in tasks:
                 task.cancel()
@@ -658,10 +541,10 @@ async def _on_targets(ev: Eval, targets: list[str], load: float) -> ScalingRow:
     n = len(targets)
 
     async def one(i: int, url: str) -> Path:
-        cfg = _phase_cfg(ev, f"scaling-{n}-{i}", url=url, mode=mode,
+        cfg = phase_cfg(ev, f"scaling-{n}-{i}", url=url, mode=mode,
                          concurrency=max(1, int(load)), rate=float(load),
                          duration=float(p.duration), warmup=float(p.warmup))
-        return await _session(ev, f"scaling {i + 1}/{n}", cfg)
+        return await run_session(ev, f"scaling {i + 1}/{n}", cfg)
 
     dirs = await asyncio.gather(*(one(i, url) for i, url in enumerate(targets)))
     rates = [soak_report(d, warnings=[])[0].rates for d in dirs]
@@ -669,13 +552,10 @@ async def _on_targets(ev: Eval, targets: list[str], load: float) -> ScalingRow:
                       req_s=sum(r.req_s or 0.0 for r in rates), run_dirs=[str(d) for d in dirs])
 
 
-def _load_text(mode: str, concurrency: int, rate: float) -> str:
-    return f"{concurrency} streams" if mode == "closed" else f"{rate:g} req/s"
-
-
 # each phase's run, by name (a test holds the keys to PHASES)
 RUNS: dict[Phase, Callable[[Eval], Any]] = {
     "conformance": conformance,
-    "baseline": baseline, "ramp": ramp, "long_tail": long_tail, "faults": faults,
-    "leaks": leaks, "efficiency": efficiency, "scaling": scaling,
+    "baseline": baseline, "ramp": ramp, "batch": batching.run, "context": context.run,
+    "interference": interference.run, "long_tail": long_tail, "faults": faults,
+    "leaks": leaks, "memory": memory.run, "efficiency": efficiency, "scaling": scaling,
 }

@@ -275,7 +275,8 @@ def _say_to(pipe: _Pipe) -> Callable[[str], None]:
 
 def _build(start: EvalStart, say: Callable[[str], None]):
     """The Eval EvalStart describes (resumed from OUT's eval.json when it says so)."""
-    from loadgen.eval.battery import Eval, load_state, resumed
+    from loadgen.eval.battery import load_state, resumed
+    from loadgen.eval.phase_run import Eval
     from loadgen.eval.plan import plan_from_builtins
 
     out = Path(start.out)
@@ -323,9 +324,9 @@ async def _read_controls(reader: asyncio.StreamReader, stop: Callable[[str], Non
 
 async def _run_to_outcome(ev, task: asyncio.Task, stopped: list[str]) -> EvalOutcome:
     """Wait for the eval; its outcome, the outputs written when it finished."""
-    from loadgen.eval.battery import EvalError
     from loadgen.eval.matrix import rows
     from loadgen.eval.output import write_outputs
+    from loadgen.eval.phase_run import EvalError
 
     try:
         await task
@@ -361,7 +362,8 @@ async def _child() -> int:
     except msgspec.DecodeError as e:
         pipe.send(Fatal(f"bad eval settings: {e}"))
         return 2
-    from loadgen.eval.battery import EvalError, run_eval
+    from loadgen.eval.battery import run_eval
+    from loadgen.eval.phase_run import EvalError
     from loadgen.eval.plan import PlanError
 
     say = _say_to(pipe)

@@ -119,6 +119,14 @@ def _ran(result: PhaseResult[F] | None, name: Phase) -> tuple[F | None, str]:
     return result.figures, ""
 
 
+def _predates(results: Results, name: Phase) -> bool:
+    """The eval is from a tokentop before the phase: it has no result while a later phase
+    has one. Its section then has no rows at all, so that an old eval's matrix and its
+    comparisons stay what they were (an eval stopped before the phase still says so)."""
+    return results.of(name) is None and any(
+        results.of(p) is not None for p in PHASES[PHASES.index(name) + 1:])
+
+
 def _given(value: T | UnsetType) -> T | None:
     """A figure eval.json may not have (an older tokentop's, or one of a shape without it)
     as None, like a figure that is null."""
@@ -149,7 +157,7 @@ def _conformance(results: Results) -> Iterator[Row]:
     so that its matrix and its comparisons stay what they were."""
     from loadgen.eval.conformance import MARKS  # the checks' module imports aiohttp
 
-    if results.conformance is None and results.ran():
+    if _predates(results, "conformance"):
         return
     f, why = _ran(results.conformance, "conformance")
     dim = "API conformance"
@@ -541,11 +549,48 @@ def _scaling(results: Results) -> Iterator[Row]:
                       id=f"scaling.{n}.efficiency", load=load)
 
 
+def _batch(results: Results) -> Iterator[Row]:
+    """Static batching beside the dynamic baseline; the fluctuation at each ramp step."""
+    if _predates(results, "batch"):
+        return
+    _, why = _ran(results.batch, "batch")
+    yield Row("batching", "static batch output tokens/s", None, "tok/s", "higher",
+              note=why or "not built yet", id="batch.output_tok_s")
+
+
+def _context(results: Results) -> Iterator[Row]:
+    """The input- and output-length ladders."""
+    if _predates(results, "context"):
+        return
+    _, why = _ran(results.context, "context")
+    yield Row("context length", "longest prompt served", None, "tokens", "higher",
+              note=why or "not built yet", id="context.longest_prompt")
+
+
+def _interference(results: Results) -> Iterator[Row]:
+    """Each neighbour's effect on the baseline load."""
+    if _predates(results, "interference"):
+        return
+    _, why = _ran(results.interference, "interference")
+    yield Row("interference", "output tokens/s beside a CPU neighbour", None, "%", "higher",
+              note=why or "not built yet", id="interference.cpu.output_tok_s")
+
+
+def _memory(results: Results) -> Iterator[Row]:
+    """GPU memory per billion parameters; the KV cache's capacity."""
+    if _predates(results, "memory"):
+        return
+    _, why = _ran(results.memory, "memory")
+    yield Row("memory efficiency", "GPU memory per billion parameters", None, "GB/B", "lower",
+              note=why or "not built yet", id="memory.gb_per_b_params")
+
+
 # each phase's section of the matrix, by name (a test holds the keys to PHASES)
 BUILDERS: dict[Phase, Callable[[Results], Iterator[Row]]] = {
     "conformance": _conformance,
-    "baseline": _baseline, "ramp": _ramp, "long_tail": _long_tail, "faults": _faults,
-    "leaks": _leaks, "efficiency": _efficiency, "scaling": _scaling,
+    "baseline": _baseline, "ramp": _ramp, "batch": _batch, "context": _context,
+    "interference": _interference, "long_tail": _long_tail, "faults": _faults,
+    "leaks": _leaks, "memory": _memory, "efficiency": _efficiency, "scaling": _scaling,
 }
 
 

@@ -15,9 +15,9 @@ import numpy as np
 from loadgen.analysis import plot_style
 from loadgen.analysis.report import moving_mean, rate_window, subject_of, time_axis
 from loadgen.analysis.sweep import curve_figure, curve_title
-from loadgen.eval.battery import Eval, target_of
 from loadgen.eval.document import html, markdown, table
 from loadgen.eval.matrix import rows, to_json
+from loadgen.eval.phase_run import Eval, target_of
 from loadgen.eval.phases import PHASES
 from loadgen.eval.results import RampFigures, UnderFault
 from loadgen.model import hdr

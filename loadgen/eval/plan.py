@@ -247,6 +247,33 @@ class Ramp(_Table):
     slo: SloText  # "": the plan's
 
 
+class Batch(_Table):
+    """Static batching (loadgen.eval.batching): N requests at once, beside the baseline."""
+
+    enabled: bool
+
+
+_NO_BATCH = Batch(enabled=False)  # the plans of the evals before the batch phase
+
+
+class Context(_Table):
+    """The input- and output-length ladders (loadgen.eval.context), at a fixed concurrency."""
+
+    enabled: bool
+
+
+_NO_CONTEXT = Context(enabled=False)  # the plans of the evals before the context phase
+
+
+class Interference(_Table):
+    """The baseline load beside each neighbour (loadgen.eval.interference)."""
+
+    enabled: bool
+
+
+_NO_INTERFERENCE = Interference(enabled=False)  # the plans before the interference phase
+
+
 class LongTail(_Table):
     """A soak at `fraction` of the knee's load (loadgen.analysis.soak reads it)."""
 
@@ -317,6 +344,16 @@ class Leaks(_Table):
     max_kv_tokens_per_h: NonNegative = 10_000.0
 
 
+class Memory(_Table):
+    """GPU memory per billion parameters and the KV cache's capacity (loadgen.eval.memory),
+    from what the server states and the baseline's GPU samples (no run of its own)."""
+
+    enabled: bool
+
+
+_NO_MEMORY = Memory(enabled=False)  # the plans of the evals before the memory phase
+
+
 class Efficiency(_Table):
     """Energy and GPU use at these points of other phases (no run of its own)."""
 
@@ -374,9 +411,13 @@ class Phases(_Table, kw_only=True):  # kw_only: an optional field first
     conformance: Conformance = msgspec.field(default_factory=lambda: _NO_CONFORMANCE)
     baseline: Baseline
     ramp: Ramp
+    batch: Batch = msgspec.field(default_factory=lambda: _NO_BATCH)
+    context: Context = msgspec.field(default_factory=lambda: _NO_CONTEXT)
+    interference: Interference = msgspec.field(default_factory=lambda: _NO_INTERFERENCE)
     long_tail: LongTail
     faults: list[Fault]  # []: no faults phase
     leaks: Leaks
+    memory: Memory = msgspec.field(default_factory=lambda: _NO_MEMORY)
     efficiency: Efficiency
     scaling: Scaling
 
@@ -793,7 +834,19 @@ knee_fraction = 0.2      # the knee: the last step before scaling, ln(tok/s rati
 max_error_rate = "5%"    # stop after a step with more errors than this
 slo = ""                 # the sweep's goodput SLO; "": the plan's slo
 
-# 3. Long tail: a soak at a fraction of the knee's load, listing every interval whose tail
+# 3. Static batching: N requests submitted at once, beside the dynamic baseline.
+[phases.batch]
+enabled = true
+
+# 4. Strong scaling and context length: input- and output-length ladders.
+[phases.context]
+enabled = true
+
+# 5. Interference: the baseline load with a neighbour on the host, against it alone.
+[phases.interference]
+enabled = true
+
+# 6. Long tail: a soak at a fraction of the knee's load, listing every interval whose tail
 #    breaks out.
 [phases.long_tail]
 enabled = true
@@ -802,7 +855,7 @@ duration = "24h"
 bucket = "1h"            # drift: each bucket compared with the first
 tail_k = 5.0             # a tick whose P99.9 passes tail_k x the run's median P99 is listed
 
-# 4. Stability under faults, from the fault-injecting proxy that tokentop runs between itself
+# 7. Stability under faults, from the fault-injecting proxy that tokentop runs between itself
 #    and the server, at the baseline's load. `at` counts from the phase's start; faults must
 #    not overlap (each row is the success rate under one fault), and the phase goes on 15 s
 #    after the last one ends, to see the recovery. No faults phase: phases.faults = [].
@@ -836,7 +889,7 @@ fault = "bandwidth"
 bytes_per_s = 65536
 for = "1m"
 
-# 5. Leaks: growth over the long tail's soak of the server process' RSS and, GPU-side, of
+# 8. Leaks: growth over the long tail's soak of the server process' RSS and, GPU-side, of
 #    the engine's own KV cache in use (its usage x the pool it states): an engine preallocates
 #    its GPU memory at start, so GPU memory used stays flat whatever leaks inside it.
 [phases.leaks]
@@ -846,15 +899,19 @@ max_gpu_mb_per_h = 50.0  # KV in use, where the engine states its pool's bytes
 max_kv_tokens_per_h = 10000  # KV in use, where it states its pool in tokens only
 min_soak = "30m"         # a shorter soak shows the slopes but does not judge them
 
-# 6. Efficiency: output tokens per joule, req/s per watt, GPU utilisation, GPU memory per
-#    request in flight; with --dcgm-url, SM, tensor-pipe and DRAM activity too. Read from
-#    these phases' load, not a run of its own ("knee": the ramp's knee step).
+# 9. Memory efficiency: GPU memory per billion parameters, the KV cache's capacity.
+[phases.memory]
+enabled = true
+
+# 10. Efficiency: output tokens per joule, req/s per watt, GPU utilisation, GPU memory per
+#     request in flight; with --dcgm-url, SM, tensor-pipe and DRAM activity too. Read from
+#     these phases' load, not a run of its own ("knee": the ramp's knee step).
 [phases.efficiency]
 enabled = true
 at = ["baseline", "knee"]
 
-# 7. Scaling: throughput with 1, 2, ... N targets (replicas), each at `per_target` load,
-#    against N x one. With a single target the row says why it is empty.
+# 11. Scaling: throughput with 1, 2, ... N targets (replicas), each at `per_target` load,
+#     against N x one. With a single target the row says why it is empty.
 [phases.scaling]
 enabled = true
 targets = []             # base URLs, e.g. ["http://10.0.0.2:8000/v1"]; []: the --url targets

@@ -239,6 +239,35 @@ class ScalingFigures(_Figures, kw_only=True):
     kind: str
 
 
+# ---- batch (loadgen.eval.batching) ------------------------------------------------------------
+
+
+class BatchFigures(_Figures, kw_only=True):
+    """Static batching against the dynamic baseline, and the latency fluctuation per ramp
+    step."""
+
+
+# ---- context (loadgen.eval.context) ------------------------------------------------------------
+
+
+class ContextFigures(_Figures, kw_only=True):
+    """The input- and output-length ladders at a fixed concurrency."""
+
+
+# ---- interference (loadgen.eval.interference) --------------------------------------------------
+
+
+class InterferenceFigures(_Figures, kw_only=True):
+    """The baseline load alone and beside each neighbour."""
+
+
+# ---- memory (loadgen.eval.memory) --------------------------------------------------------------
+
+
+class MemoryFigures(_Figures, kw_only=True):
+    """GPU memory per billion parameters and the KV cache's capacity, as the server states."""
+
+
 # ---- a phase, the phases, the eval ------------------------------------------------------------
 
 F = TypeVar("F")
@@ -261,9 +290,13 @@ class Results(msgspec.Struct, kw_only=True, omit_defaults=True):
     conformance: PhaseResult[ConformanceFigures] | None = None
     baseline: PhaseResult[BaselineFigures] | None = None
     ramp: PhaseResult[RampFigures] | None = None
+    batch: PhaseResult[BatchFigures] | None = None
+    context: PhaseResult[ContextFigures] | None = None
+    interference: PhaseResult[InterferenceFigures] | None = None
     long_tail: PhaseResult[LongTailFigures] | None = None
     faults: PhaseResult[FaultsFigures] | None = None
     leaks: PhaseResult[LeaksFigures] | None = None
+    memory: PhaseResult[MemoryFigures] | None = None
     efficiency: PhaseResult[EfficiencyFigures] | None = None
     scaling: PhaseResult[ScalingFigures] | None = None
 

@@ -29,8 +29,8 @@ from support import running_sim, serving
 
 import loadgen
 from loadgen.eval import document, header, matrix
-from loadgen.eval.battery import Eval
 from loadgen.eval.output import write_outputs
+from loadgen.eval.phase_run import Eval
 from loadgen.eval.plan import default_plan, parse_plan, plan_to_builtins
 from loadgen.eval.results import GpuInfo, Header, read_state
 from loadgen.run.config import RunConfig

@@ -270,6 +270,6 @@ def test_without_a_terminal_the_eval_prints_lines(tmp_path: Path, headless: bool
             f"--out={tmp_path / 'out'}", "--workers=1", *(["--headless"] if headless else [])]
     code, out, err = _in_a_pty(argv, stdout_too=headless)
     assert code == 0, err[-3000:]
-    assert "eval: phase 2/8 baseline" in err
+    assert f"eval: phase 2/{len(PHASES)} baseline" in err
     assert "\x1b[?1049h" not in out  # no console: the alternate screen never opened
     assert f"wrote {tmp_path / 'out' / 'eval.md'}" in out
