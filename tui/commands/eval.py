@@ -126,7 +126,7 @@ def eval_parser(*, out_required: bool = True) -> argparse.ArgumentParser:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from loadgen.eval.battery import EvalError
+    from loadgen.eval.phase_run import EvalError
     from loadgen.worker import eventloop
 
     ev, resume = built_eval(args)
@@ -138,7 +138,8 @@ def _eval(args: argparse.Namespace) -> int:
 def built_eval(args: argparse.Namespace):
     """The Eval the command line describes, and whether it resumes one in --out; a plan or
     an eval.json that cannot be used fails here, in words, before anything starts."""
-    from loadgen.eval.battery import Eval, EvalError, load_state, resumed
+    from loadgen.eval.battery import load_state, resumed
+    from loadgen.eval.phase_run import Eval, EvalError
     from loadgen.eval.plan import PlanError, default_plan, read_plan
 
     out = Path(args.out)
