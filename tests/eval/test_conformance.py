@@ -147,6 +147,14 @@ faults = []
 enabled = false
 [phases.efficiency]
 enabled = false
+[phases.batch]
+enabled = false
+[phases.context]
+enabled = false
+[phases.interference]
+enabled = false
+[phases.memory]
+enabled = false
 [phases.scaling]
 enabled = false
 """

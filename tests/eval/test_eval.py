@@ -39,6 +39,10 @@ output_tokens = 16
 steps = [1, 2, 4]
 step_duration = "2s"
 step_warmup = "0.5s"
+[phases.batch]
+[phases.context]
+[phases.interference]
+[phases.memory]
 [phases.long_tail]
 fraction = 0.5
 duration = "4s"
@@ -76,7 +80,8 @@ def write_plan(path: Path, *, targets: list[str] | None = None, faults: str = FA
     if not faults:
         text = text.replace("[phases.scaling]", "[phases]\nfaults = []\n[phases.scaling]", 1)
     if only_faults:
-        for phase in ("baseline", "ramp", "long_tail", "leaks", "efficiency"):
+        for phase in ("baseline", "ramp", "batch", "context", "interference", "long_tail",
+                      "leaks", "memory", "efficiency"):
             if f"[phases.{phase}]" in text:
                 text = text.replace(f"[phases.{phase}]\n", f"[phases.{phase}]\nenabled = false\n")
             else:

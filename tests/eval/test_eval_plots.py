@@ -45,6 +45,14 @@ enabled = false
 enabled = false
 [phases.efficiency]
 enabled = false
+[phases.batch]
+enabled = false
+[phases.context]
+enabled = false
+[phases.interference]
+enabled = false
+[phases.memory]
+enabled = false
 [phases.scaling]
 enabled = false
 [[phases.faults]]

@@ -41,6 +41,14 @@ enabled = false
 enabled = false
 [phases.scaling]
 enabled = false
+[phases.batch]
+enabled = false
+[phases.context]
+enabled = false
+[phases.interference]
+enabled = false
+[phases.memory]
+enabled = false
 [phases]
 faults = []
 """

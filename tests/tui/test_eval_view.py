@@ -50,9 +50,18 @@ duration = "{tail}s"
 bucket = "1s"
 [phases.scaling]
 enabled = false
+[phases.batch]
+enabled = false
+[phases.context]
+enabled = false
+[phases.interference]
+enabled = false
+[phases.memory]
+enabled = false
 """
 DEADLINE_S = 120.0
-LOADING = (2, 3, 4)  # the phases that put load on the server in this plan (seconds each)
+# the phases that put load on the server in this plan (seconds each), by their number
+LOADING = tuple(PHASES.index(p) + 1 for p in ("baseline", "ramp", "long_tail"))
 
 
 def _plan(tmp: Path, tail: float = 3.0) -> Path:
