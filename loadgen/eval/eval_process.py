@@ -73,6 +73,7 @@ class EvalStart(msgspec.Struct, tag="start"):
     meta: dict[str, str] = {}
     dcgm_url: str | None = None
     chaos_restart_cmd: str | None = None
+    model_params: float | None = None  # --model-params, in billions
 
 
 class Ready(msgspec.Struct, tag="ready"):
@@ -281,7 +282,8 @@ def _build(start: EvalStart, say: Callable[[str], None]):
 
     out = Path(start.out)
     kw = {"secrets": start.secrets, "chaos_restart_cmd": start.chaos_restart_cmd,
-          "dcgm_url": start.dcgm_url, "label": start.label, "meta": dict(start.meta)}
+          "dcgm_url": start.dcgm_url, "label": start.label, "meta": dict(start.meta),
+          "model_params": start.model_params}
     state = load_state(out) if start.resume else None
     if state is not None:
         return resumed(state, start.config, out, say, **kw)

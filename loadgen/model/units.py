@@ -171,6 +171,25 @@ def parse_positive(value: object, *, zero: bool = False) -> float:
     return number
 
 
+PARAMS_EXPECTED = 'expected a parameter count, e.g. "8B", "1.5B", "350M" or 7e9'
+_PARAMS_IN = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+
+
+def parse_params(value: object) -> float:
+    """A model's parameters, in billions: "8B", "70b", "1.5B", "350M", or a bare count
+    (7e9). A bare count under a million is refused: "8" is surely 8B, not 8 parameters."""
+    number, unit, written = _reading(value, PARAMS_EXPECTED)
+    if unit not in _PARAMS_IN:
+        raise UnitError(PARAMS_EXPECTED, value)
+    count = number * _PARAMS_IN[unit]
+    if count <= 0:
+        raise UnitError("a parameter count must be more than 0", value)
+    if unit == "" and count < 1e6:
+        raise UnitError(f"{written} parameters is no model's size: write {written}B or "
+                        f"{written}M")
+    return count / 1e9
+
+
 # ---- writing --------------------------------------------------------------------------------
 
 

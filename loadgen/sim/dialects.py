@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from loadgen.sim.metrics import Histogram
-    from loadgen.sim.model import BatchModel
+    from loadgen.sim.model import BatchModel, SimConfig
     from loadgen.sim.prefix_cache import PrefixCache
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -377,7 +377,8 @@ _RENDERERS = {
 }
 
 
-def version_answer(dialect: str, version: str, model: str) -> tuple[str, dict] | None:
+def version_answer(dialect: str, version: str, model: str, *, n_ctx: int = 4096,
+                   slots: int = 1) -> tuple[str, dict] | None:
     """Where the engine `dialect` speaks says its version, and what it says there (the
     simulator's version in the engine's own shape), so a client that asks a real engine
     asks the simulator the same way; None for an engine without such a route."""
@@ -387,6 +388,21 @@ def version_answer(dialect: str, version: str, model: str) -> tuple[str, dict] |
         "trtllm": ("/version", {"version": said}),
         "sglang": ("/get_server_info", {"version": said, "tp_size": 1, "model_path": model}),
         "tgi": ("/info", {"version": said, "model_id": model, "max_total_tokens": 4096}),
-        "llamacpp": ("/props", {"build_info": said, "default_generation_settings": {}}),
+        # llama.cpp's n_ctx is a slot's context; the simulator's KV budget is shared by its
+        # slots, as llama.cpp's unified KV cache is, so each slot's context is all of it
+        "llamacpp": ("/props", {"build_info": said, "total_slots": slots,
+                                "default_generation_settings": {"n_ctx": n_ctx}}),
         "triton": ("/v2", {"name": "triton", "version": said, "extensions": []}),
     }.get(dialect)
+
+
+def model_entry(cfg: SimConfig, entry: dict) -> dict:
+    """/v1/models' entry for the model in the engine's shape: vLLM's (`entry`: its id, root
+    and max_model_len; SGLang's is the same), or llama.cpp's, which states the model's own
+    figures in `meta` (its parameters, its file's bytes, its training context)."""
+    if cfg.metrics_dialect != "llamacpp":
+        return entry
+    return {"id": entry["id"], "object": "model", "created": entry["created"],
+            "owned_by": "llamacpp",
+            "meta": {"vocab_type": 2, "n_vocab": 128256, "n_ctx_train": cfg.kv_tokens,
+                     "n_embd": 4096, "n_params": cfg.model_params, "size": cfg.weights_bytes}}

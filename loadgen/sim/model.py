@@ -87,6 +87,9 @@ class SimConfig:
     gpu_count: int = 1
     gpu_memory_bytes: int = 80 * GIB
     weights_bytes: int = 16 * GIB
+    # the model's parameters, as llama.cpp states them (/v1/models meta.n_params; vLLM and
+    # SGLang state none): the memory phase's GB per billion
+    model_params: int = 8_000_000_000
     kv_bytes_per_token: int = 131072
     # vLLM's gpu_memory_utilization: the share of each GPU's memory the engine takes at start
     # (weights, activations and the KV pool) and holds whatever the load, as real engines

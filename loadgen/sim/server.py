@@ -114,7 +114,8 @@ class SimServer:
             routes.append(web.post("/tokenize", self._tokenize))
         app.add_routes([r for r in routes if r.path not in gone])
         version = dialects.version_answer(self.cfg.metrics_dialect, loadgen.__version__,
-                                          self.cfg.model_name)
+                                          self.cfg.model_name, n_ctx=self.cfg.kv_tokens,
+                                          slots=self.cfg.slots)
         if version is not None:  # the engine's own route for its version
             path, body = version
 
@@ -415,7 +416,8 @@ class SimServer:
             "parent": None,
             "max_model_len": self.cfg.kv_tokens,
         }
-        return web.json_response({"object": "list", "data": [model]})
+        return web.json_response({"object": "list",
+                                  "data": [dialects.model_entry(self.cfg, model)]})
 
     async def _health(self, _request: web.Request) -> web.Response:
         return web.Response(status=200)

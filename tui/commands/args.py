@@ -110,6 +110,11 @@ def size(text: str) -> int:
     return _typed(units.parse_size, text)
 
 
+def model_params(text: str) -> float:
+    """--model-params: the model's parameters, in billions (8B, 1.5B, 350M, 7e9)."""
+    return _typed(units.parse_params, text)
+
+
 def positive(text: str, *, zero: bool = False) -> float:
     """A number above 0, or 0 too with `zero` (a speed-up, a gamma shape, a cap)."""
     return _typed(units.parse_positive, text, zero=zero)

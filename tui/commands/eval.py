@@ -43,6 +43,7 @@ from tui.commands.args import (
     add_trace_arguments,
     fail,
     key_value,
+    model_params,
     parse_refusing,
     run_config,
     secrets_from,
@@ -109,6 +110,10 @@ def eval_parser(*, out_required: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--dcgm-url", metavar="URL",
                    help="a dcgm-exporter's /metrics (e.g. http://127.0.0.1:9400/metrics): SM, "
                    "tensor-pipe and DRAM activity and DCGM's energy in the efficiency rows")
+    g.add_argument("--model-params", type=model_params, default=None, metavar="N",
+                   help="the model's parameters (8B, 1.5B, 350M, 7e9), for GPU memory per "
+                   "billion parameters where the server does not state them (llama.cpp "
+                   "does: its figure wins)")
     g.add_argument("--repeat", type=whole(1), default=None, metavar="N",
                    help="run the baseline and each ramp step N times: rows show the mean and "
                    "a 95 %% interval, and compare judges by it (default: the plan's repeat)")
@@ -145,7 +150,8 @@ def built_eval(args: argparse.Namespace):
     out = Path(args.out)
     cfg, secrets = run_config(args), secrets_from(args)
     kw = {"secrets": secrets, "chaos_restart_cmd": args.chaos_restart_cmd,
-          "dcgm_url": args.dcgm_url, "label": args.label, "meta": dict(args.meta)}
+          "dcgm_url": args.dcgm_url, "label": args.label, "meta": dict(args.meta),
+          "model_params": args.model_params}
     try:
         state = load_state(out)
         if state is not None:
@@ -208,7 +214,7 @@ def eval_start(ev, *, resume: bool):
     return EvalStart(config=ev.cfg, secrets=ev.secrets, out=str(ev.out),
                      plan=plan_to_builtins(ev.plan), quick=ev.quick, resume=resume,
                      label=ev.label, meta=dict(ev.meta), dcgm_url=ev.dcgm_url,
-                     chaos_restart_cmd=ev.chaos_restart_cmd)
+                     chaos_restart_cmd=ev.chaos_restart_cmd, model_params=ev.model_params)
 
 
 def after_console(source, error: str | None) -> int:
