@@ -577,12 +577,35 @@ def _interference(results: Results) -> Iterator[Row]:
 
 
 def _memory(results: Results) -> Iterator[Row]:
-    """GPU memory per billion parameters; the KV cache's capacity."""
+    """The model's size, GPU memory used and per billion parameters; the KV cache's
+    capacity in tokens and bytes. The GPU rows are the baseline's window's (its load)."""
     if _predates(results, "memory"):
         return
-    _, why = _ran(results.memory, "memory")
-    yield Row("memory efficiency", "GPU memory per billion parameters", None, "GB/B", "lower",
-              note=why or "not built yet", id="memory.gb_per_b_params")
+    f, why = _ran(results.memory, "memory")
+    dim = "memory efficiency"
+    base, _ = _ran(results.baseline, "baseline")
+    load = base.load if base and f and f.gpu_samples else ""
+    ticks = f.gpu_samples if f and f.gpu_samples else None
+    gpus = f"{f.gpu_count} GPU{'s' if f.gpu_count != 1 else ''} ({f.gpu_source})" if f else ""
+    # the parameters and the GPU memory are facts of the deployment, not better or worse
+    yield Row(dim, "model parameters", f and f.params_b, "B params", None,
+              note=why or (f.params_why if f and f.params_b is None else f.params_source
+                           if f else ""), id="memory.params_b")
+    yield Row(dim, "GPU memory used (baseline)", f and f.gpu_memory_gb, "GB", None,
+              note=why or (f.gpu_why if f and f.gpu_why else f"summed over {gpus}"),
+              id="memory.gpu_memory_gb", load=load, samples=ticks)
+    yield Row(dim, "GPU memory per billion parameters", f and f.gb_per_b_params, "GB/B",
+              "lower", note=why or (f.gb_per_b_why or "" if f else ""),
+              id="memory.gb_per_b_params", load=load, samples=ticks)
+    kv_note = why or (f.kv_why if f and f.kv_why else f.kv_source if f else "")
+    yield Row(dim, "KV cache capacity", f and f.kv_tokens, "tokens", "higher", note=kv_note,
+              id="memory.kv_capacity_tokens")
+    bytes_note = why or (f.kv_bytes_why if f and f.kv_bytes_why else f.kv_source if f else "")
+    yield Row(dim, "KV cache bytes per token", f and f.kv_bytes_per_token, "bytes/token",
+              "lower", note=bytes_note, id="memory.kv_bytes_per_token")
+    gb = f.kv_bytes / 1e9 if f and f.kv_bytes is not None else None
+    yield Row(dim, "KV cache capacity (memory)", gb, "GB", "higher", note=bytes_note,
+              id="memory.kv_capacity_gb")
 
 
 # each phase's section of the matrix, by name (a test holds the keys to PHASES)

@@ -265,7 +265,28 @@ class InterferenceFigures(_Figures, kw_only=True):
 
 
 class MemoryFigures(_Figures, kw_only=True):
-    """GPU memory per billion parameters and the KV cache's capacity, as the server states."""
+    """GPU memory per billion parameters and the KV cache's capacity, as the server states
+    (loadgen.eval.memory). A figure that is None has its `*_why`."""
+
+    # the model's parameters, in billions: the server's stated figure, else --model-params
+    params_b: float | None
+    params_source: str  # where params_b is from, in words
+    params_flag_b: float | None  # --model-params as given (None: not given)
+    params_why: str | None
+    # GPU memory used, summed over the GPUs, the mean over the baseline's measured window
+    gpu_memory_gb: float | None
+    gpu_count: int  # the GPUs the probes saw
+    gpu_samples: int  # the ticks averaged
+    gpu_source: str  # nvml | simulated | none
+    gpu_why: str | None
+    gb_per_b_params: float | None  # gpu_memory_gb ÷ params_b
+    gb_per_b_why: str | None
+    kv_tokens: int | None  # the KV pool's capacity in tokens
+    kv_bytes: int | None  # the pool's bytes over all its GPUs
+    kv_bytes_per_token: float | None  # kv_bytes ÷ kv_tokens
+    kv_source: str
+    kv_why: str | None  # why no capacity in tokens
+    kv_bytes_why: str | None  # why no bytes
 
 
 # ---- a phase, the phases, the eval ------------------------------------------------------------
