@@ -22,6 +22,7 @@ from loadgen.eval import validity
 from loadgen.eval.chaos import PROBE_EVERY_S
 from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.results import (
+    ContextRung,
     Dcgm,
     EvalState,
     LeaksFigures,
@@ -559,12 +560,66 @@ def _batch(results: Results) -> Iterator[Row]:
 
 
 def _context(results: Results) -> Iterator[Row]:
-    """The input- and output-length ladders."""
+    """The input- and output-length ladders: a row per rung and figure (its lengths in the
+    id), the longest prompt served and the max context the server states."""
     if _predates(results, "context"):
         return
-    _, why = _ran(results.context, "context")
-    yield Row("context length", "longest prompt served", None, "tokens", "higher",
-              note=why or "not built yet", id="context.longest_prompt")
+    f, why = _ran(results.context, "context")
+    dim = "context length"
+    if f is None:
+        yield Row(dim, "longest prompt served", None, "tokens", "higher", note=why,
+                  id="context.longest_prompt")
+        return
+    for rung in f.input_ladder:
+        yield from _rung_rows(dim, f.concurrency, rung, f"context.input.{rung.input_tokens}",
+                              f"{rung.input_tokens:,} in", prefill=True)
+    for rung in f.output_ladder:
+        yield from _rung_rows(dim, f.concurrency, rung, f"context.output.{rung.output_tokens}",
+                              f"{rung.output_tokens:,} out", prefill=False)
+    lp = f.longest
+    yield Row(dim, "longest prompt served", lp.tokens, "tokens", "higher", note=lp.how,
+              id="context.longest_prompt",
+              load=f"{f.input_ladder[0].output_tokens:,} out" if f.input_ladder else "")
+    # a fact about the server, not better or worse
+    yield Row(dim, "max context (as the server states it)", f.max_context, "tokens", None,
+              note=f.max_context_from, id="context.max_context")
+
+
+def _rung_rows(dim: str, streams: int, rung: ContextRung, id_: str, at: str, *,
+               prefill: bool) -> Iterator[Row]:
+    """A rung's rows: TTFT and prefill tok/s on the input ladder, ITL on both, tok/s on the
+    output ladder, errors on both; a rung not sent (or not served) says why in each."""
+    load = f"{streams} streams, {rung.input_tokens:,} in / {rung.output_tokens:,} out"
+    note = rung.why
+
+    def row(figure: str, value: float | None, unit: str, better: str, key: str,
+            samples: int | None = None, q: str = "", extra: str = "") -> Row:
+        few = validity.too_few(samples, q) if q and value is not None else None
+        return Row(dim, f"{figure}, {at}", value, unit, better, note=note or extra,
+                   id=f"{id_}.{key}", load=load, samples=samples, flags=(few,) if few else ())
+
+    ttft, itl = rung.ttft_ms, rung.itl_ms
+    ttft_n = _count(ttft)
+    itl_n = _count(itl)
+    if prefill:
+        for q in ("p50", "p99"):
+            yield row(f"TTFT {q.upper()}", ttft and ttft.get(q), "ms", "lower", f"ttft.{q}",
+                      ttft_n, q)
+        yield row("prefill tokens/s", rung.prefill_tok_s, "tok/s", "higher", "prefill_tok_s",
+                  ttft_n, extra="input tokens ÷ TTFT P50: one request's, queueing included")
+    for q in ("p50", "p99"):
+        yield row(f"ITL {q.upper()}", itl and itl.get(q), "ms", "lower", f"itl.{q}", itl_n, q)
+    if not prefill:
+        yield row("output tokens/s", rung.output_tok_s, "tok/s", "higher", "output_tok_s")
+    rate = rung.error_rate
+    done_n = None if rung.requests_ok is None else rung.requests_ok + (rung.requests_failed or 0)
+    yield row("error rate", None if rate is None else rate * 100, "%", "lower", "error_rate",
+              done_n)
+
+
+def _count(summary: Summary | None) -> int | None:
+    n = summary.get("count") if summary else None
+    return n if isinstance(n, int) else None
 
 
 def _interference(results: Results) -> Iterator[Row]:

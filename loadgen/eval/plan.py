@@ -256,13 +256,28 @@ class Batch(_Table):
 _NO_BATCH = Batch(enabled=False)  # the plans of the evals before the batch phase
 
 
+Ladder = Annotated[list[Count], msgspec.Meta(min_length=1)]
+
+
 class Context(_Table):
-    """The input- and output-length ladders (loadgen.eval.context), at a fixed concurrency."""
+    """The input- and output-length ladders (loadgen.eval.context), at a fixed concurrency:
+    each rung a run of step_warmup + step_duration."""
 
     enabled: bool
+    concurrency: Count  # closed-loop streams on every rung
+    input_ladder: Ladder  # input tokens, increasing; output fixed_output on each
+    output_ladder: Ladder  # output tokens, increasing; input fixed_input on each
+    fixed_output: Count  # output tokens on the input ladder
+    fixed_input: Count  # input tokens on the output ladder
+    step_duration: Duration  # measured, per rung
+    step_warmup: Seconds  # not measured, per rung
 
 
-_NO_CONTEXT = Context(enabled=False)  # the plans of the evals before the context phase
+# the plans of the evals before the context phase: it did not run there, nor on resume
+_NO_CONTEXT = Context(enabled=False, concurrency=1, input_ladder=[128], output_ladder=[16],
+                      fixed_output=16, fixed_input=128, step_duration=Duration(1.0),
+                      step_warmup=Seconds(0.0))
+
 
 
 class Interference(_Table):
@@ -550,7 +565,9 @@ def _check(plan: Plan) -> str | None:
         return f"version: this tokentop reads plan version {PLAN_VERSION}, not {plan.version}"
     for name in ("phases", "quick"):
         phases: Phases = getattr(plan, name)
-        problem = _check_steps(phases.ramp, f"{name}.ramp") or _check_faults(phases.faults, name)
+        problem = (_check_steps(phases.ramp, f"{name}.ramp")
+                   or _check_faults(phases.faults, name)
+                   or _check_ladders(phases.context, f"{name}.context"))
         if problem:
             return problem
     return _check_scenarios(plan.scenarios)
@@ -565,6 +582,14 @@ def _check_steps(ramp: Ramp, path: str) -> str | None:
     return None
 
 
+def _check_ladders(context: Context, path: str) -> str | None:
+    for key in ("input_ladder", "output_ladder"):
+        ladder = getattr(context, key)
+        if list(ladder) != sorted(set(ladder)):
+            return f"{path}.{key}: expected increasing lengths, e.g. [128, 512, 2048]"
+    return None
+
+
 def _check_faults(faults: list[Fault], name: str) -> str | None:
     """Faults must not overlap: each row is the success rate under one fault."""
     order = sorted(range(len(faults)), key=lambda i: faults[i].at)
@@ -576,8 +601,9 @@ def _check_faults(faults: list[Fault], name: str) -> str | None:
     return None
 
 
-# rows made per fault, per target count and per threshold: their ids are not known before
-_MADE_ROWS = ("faults.", "scaling.", "slo.")
+# rows made per fault, per target count, per threshold and per ladder rung: their ids are
+# not known before
+_MADE_ROWS = ("faults.", "scaling.", "slo.", "context.input.", "context.output.")
 
 
 def _check_scenarios(scenarios: dict[str, Scenario]) -> str | None:
@@ -622,6 +648,9 @@ def planned_seconds(phases: Phases, targets: int = 1) -> float:
     total += steps * (r.step_warmup + r.step_duration) * r.enabled
     total += t.duration * t.enabled + faults_seconds(phases.faults)
     total += targets * (s.warmup + s.duration) * (s.enabled and targets > 1)
+    c = phases.context
+    rungs = len(c.input_ladder) + len(c.output_ladder)
+    total += rungs * (c.step_warmup + c.step_duration) * c.enabled
     return float(total)
 
 
@@ -838,9 +867,21 @@ slo = ""                 # the sweep's goodput SLO; "": the plan's slo
 [phases.batch]
 enabled = true
 
-# 4. Strong scaling and context length: input- and output-length ladders.
+# 4. Strong scaling and context length (fixed resources, a growing problem): an input-length
+#    ladder (TTFT and prefill tok/s against input length) and an output-length ladder (ITL
+#    against context) at a fixed concurrency, and the longest prompt served. A rung whose
+#    input + output passes the server's stated max context (vLLM's max_model_len, llama.cpp's
+#    n_ctx) is not sent; past the longest rung served, a few single requests bisect up to the
+#    first refusal or the stated max.
 [phases.context]
 enabled = true
+concurrency = 4
+input_ladder = [128, 512, 2048, 8192, 32768]  # input tokens; fixed_output out on each
+output_ladder = [16, 64, 256, 1024]           # output tokens; fixed_input in on each
+fixed_output = 32        # output tokens on the input ladder
+fixed_input = 128        # input tokens on the output ladder
+step_duration = "20s"    # measured, per rung
+step_warmup = "5s"       # not measured, per rung
 
 # 5. Interference: the baseline load with a neighbour on the host, against it alone.
 [phases.interference]
@@ -936,9 +977,9 @@ slo = "ttft<100ms,ttft_p99<100ms"
 [scenarios.batch]
 about = "large batch work: the most tokens, per second and per joule"
 rows = ["ramp.max_output_tok_s", "baseline.output_tok_s", "efficiency.baseline.tokens_per_joule",
-        "efficiency.knee.tokens_per_joule"]
+        "efficiency.knee.tokens_per_joule", "context.longest_prompt"]
 # rule = "weighted"
-# weights = [2, 1, 1, 1]
+# weights = [2, 1, 1, 1, 1]
 
 [scenarios.production]
 about = "production: up, recovering fast, failing few requests under faults, not leaking"
@@ -957,6 +998,12 @@ warmup = "5s"
 steps = [1, 2, 4, 8, 16, 32, 64]  # past the default simulator's 32 slots: its knee
 step_duration = "8s"
 step_warmup = "2s"
+
+[quick.context]
+input_ladder = [128, 8192]
+output_ladder = [256]
+step_duration = "2s"
+step_warmup = "1s"
 
 [quick.long_tail]
 duration = "1m"

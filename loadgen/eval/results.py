@@ -250,8 +250,46 @@ class BatchFigures(_Figures, kw_only=True):
 # ---- context (loadgen.eval.context) ------------------------------------------------------------
 
 
+class ContextRung(_Figures, kw_only=True):
+    """One rung of a length ladder: its lengths and, when it was sent, what its run measured
+    (or, when it was not, why)."""
+
+    input_tokens: int
+    output_tokens: int
+    sent: bool  # False: input + output do not fit the server's stated max context
+    why: str = ""  # why it was not sent, or why its requests all failed ("" when served)
+    requests_ok: int | None = None  # measured (after warm-up)
+    requests_failed: int | None = None
+    errors: dict[str, int] = {}  # by kind (http_4xx …), the whole run's
+    ttft_ms: Summary | None = None
+    itl_ms: Summary | None = None
+    # input tokens ÷ TTFT P50: the prefill speed one request sees, queueing at the phase's
+    # concurrency included (not the server's prefill throughput summed over requests)
+    prefill_tok_s: float | None = None
+    output_tok_s: float | None = None
+    error_rate: float | None = None
+    run_dir: str | None = None
+
+
+class LongestPrompt(_Figures, kw_only=True):
+    """The longest prompt served (with the input ladder's output length), and how it was
+    found: the ladder's rungs, then single requests bisecting up to a refusal or the max."""
+
+    tokens: int | None  # None: no prompt was served
+    how: str  # in words: where it came from
+    refused_at: int | None = None  # the shortest prompt refused (words sent), None: none
+    probes: int = 0  # single requests sent to find it
+
+
 class ContextFigures(_Figures, kw_only=True):
     """The input- and output-length ladders at a fixed concurrency."""
+
+    concurrency: int
+    max_context: int | None  # the server's stated max context (tokens); None: none stated
+    max_context_from: str  # where it was read ("GET /v1/models max_model_len"), or why not
+    input_ladder: list[ContextRung]  # output_tokens fixed
+    output_ladder: list[ContextRung]  # input_tokens fixed
+    longest: LongestPrompt
 
 
 # ---- interference (loadgen.eval.interference) --------------------------------------------------

@@ -41,6 +41,13 @@ step_duration = "2s"
 step_warmup = "0.5s"
 [phases.batch]
 [phases.context]
+concurrency = 2
+input_ladder = [64, 256]
+output_ladder = [32]
+fixed_output = 16
+fixed_input = 64
+step_duration = "1s"
+step_warmup = "0.5s"
 [phases.interference]
 [phases.memory]
 [phases.long_tail]
