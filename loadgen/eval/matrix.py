@@ -595,7 +595,8 @@ def _rung_rows(dim: str, streams: int, rung: ContextRung, id_: str, at: str, *,
     def row(figure: str, value: float | None, unit: str, better: str, key: str,
             samples: int | None = None, q: str = "", extra: str = "") -> Row:
         few = validity.too_few(samples, q) if q and value is not None else None
-        return Row(dim, f"{figure}, {at}", value, unit, better, note=note or extra,
+        missing = "" if value is not None else "nothing measured in the rung's window"
+        return Row(dim, f"{figure}, {at}", value, unit, better, note=note or extra or missing,
                    id=f"{id_}.{key}", load=load, samples=samples, flags=(few,) if few else ())
 
     ttft, itl = rung.ttft_ms, rung.itl_ms
