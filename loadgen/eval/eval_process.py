@@ -74,6 +74,7 @@ class EvalStart(msgspec.Struct, tag="start"):
     dcgm_url: str | None = None
     chaos_restart_cmd: str | None = None
     model_params: float | None = None  # --model-params, in billions
+    neighbor_cmd: str | None = None  # --neighbor-cmd: the interference phase's neighbour
 
 
 class Ready(msgspec.Struct, tag="ready"):
@@ -283,7 +284,7 @@ def _build(start: EvalStart, say: Callable[[str], None]):
     out = Path(start.out)
     kw = {"secrets": start.secrets, "chaos_restart_cmd": start.chaos_restart_cmd,
           "dcgm_url": start.dcgm_url, "label": start.label, "meta": dict(start.meta),
-          "model_params": start.model_params}
+          "model_params": start.model_params, "neighbor_cmd": start.neighbor_cmd}
     state = load_state(out) if start.resume else None
     if state is not None:
         return resumed(state, start.config, out, say, **kw)

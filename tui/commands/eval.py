@@ -127,6 +127,11 @@ def eval_parser(*, out_required: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--chaos-restart-cmd", metavar="CMD",
                    help="opt-in: during the faults phase kill the server process and run CMD "
                    "(a shell command) to restart it; MTTR from the kill to the first success")
+    g.add_argument("--neighbor-cmd", metavar="CMD",
+                   help="the interference phase's own neighbour: CMD (a shell command, e.g. a "
+                   "training job on another GPU) runs beside the baseline load, in its own "
+                   "process group, killed with it at the end (wins over the plan's command; "
+                   "not recorded)")
     return p
 
 
@@ -151,7 +156,7 @@ def built_eval(args: argparse.Namespace):
     cfg, secrets = run_config(args), secrets_from(args)
     kw = {"secrets": secrets, "chaos_restart_cmd": args.chaos_restart_cmd,
           "dcgm_url": args.dcgm_url, "label": args.label, "meta": dict(args.meta),
-          "model_params": args.model_params}
+          "model_params": args.model_params, "neighbor_cmd": args.neighbor_cmd}
     try:
         state = load_state(out)
         if state is not None:
@@ -214,7 +219,8 @@ def eval_start(ev, *, resume: bool):
     return EvalStart(config=ev.cfg, secrets=ev.secrets, out=str(ev.out),
                      plan=plan_to_builtins(ev.plan), quick=ev.quick, resume=resume,
                      label=ev.label, meta=dict(ev.meta), dcgm_url=ev.dcgm_url,
-                     chaos_restart_cmd=ev.chaos_restart_cmd, model_params=ev.model_params)
+                     chaos_restart_cmd=ev.chaos_restart_cmd, model_params=ev.model_params,
+                     neighbor_cmd=ev.neighbor_cmd)
 
 
 def after_console(source, error: str | None) -> int:
