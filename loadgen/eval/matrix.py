@@ -22,6 +22,7 @@ from loadgen.eval import validity
 from loadgen.eval.chaos import PROBE_EVERY_S
 from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.results import (
+    BatchFigures,
     ContextRung,
     Dcgm,
     EvalState,
@@ -554,9 +555,70 @@ def _batch(results: Results) -> Iterator[Row]:
     """Static batching beside the dynamic baseline; the fluctuation at each ramp step."""
     if _predates(results, "batch"):
         return
-    _, why = _ran(results.batch, "batch")
-    yield Row("batching", "static batch output tokens/s", None, "tok/s", "higher",
-              note=why or "not built yet", id="batch.output_tok_s")
+    f, why = _ran(results.batch, "batch")
+    dim = "batching"
+    n, ok = (f.requests, f.requests_ok) if f else (None, None)
+    load = f"{n} requests at once" if f else ""
+    over = why or (f.why if f else "")  # why the batch has no end to count to
+
+    def row(figure: str, value: float | None, unit: str, better: str | None, id_: str,
+            note: str = "", samples: int | None = ok, q: str | None = None) -> Row:
+        few = validity.too_few(samples, q) if q and value is not None else None
+        return Row(dim, f"static batch: {figure}", value, unit, better, note=why or note,
+                   id=id_, load=load, samples=samples, flags=(few,) if few else ())
+
+    yield row("requests failed", f and f.requests_failed, "", "lower", "batch.requests_failed",
+              note=f"{ok} of {n} ok" if f else "", samples=n)
+    yield row("output tokens", f and f.output_tokens, "tokens", None, "batch.output_tokens",
+              note="delivered, every request's")
+    yield row("time to the last token", f and f.time_to_last_token_ms, "ms", "lower",
+              "batch.time_to_last_token", note=over or "from the first send: the longest "
+              "request's E2E (every request sent at once)")
+    yield row("output tokens/s", f and f.output_tok_s, "tok/s", "higher", "batch.output_tok_s",
+              note=over or "output tokens ÷ the time to the last token")
+    yield row("static ÷ dynamic output tokens/s", f and f.static_vs_dynamic, "×", None,
+              "batch.static_vs_dynamic", note=_static_vs_dynamic_note(f, over), samples=None)
+    for metric, q in (("ttft", "p50"), ("ttft", "p99"), ("e2e", "p50"), ("e2e", "max")):
+        value = (f.ttft_ms if metric == "ttft" else f.e2e_ms).get(q) if f else None
+        yield row(f"{metric.upper()} {q.upper()}", value, "ms", "lower", f"batch.{metric}.{q}",
+                  note="" if value is not None else "no request finished", q=q)
+    yield from _fluctuation_rows(dim, f, why)
+
+
+def _static_vs_dynamic_note(f: BatchFigures | None, over: str) -> str:
+    if f is None or over:
+        return over
+    if f.dynamic_why:
+        return f.dynamic_why
+    return (f"{units.rate(f.output_tok_s, 'tok/s')} at once ÷ the baseline's "
+            f"{units.rate(f.dynamic_output_tok_s, 'tok/s')} ({f.dynamic_load}, dynamic)")
+
+
+def _fluctuation_rows(dim: str, f: BatchFigures | None, why: str) -> Iterator[Row]:
+    """ITL and TPOT P99 ÷ P50 and interquartile range at each ramp step, by its load (the
+    ids stay the same across evals at the same loads); one row saying why when none."""
+    if f is None or not f.steps:
+        yield Row(dim, "latency fluctuation at each ramp step", None, "×", "lower",
+                  note=why or (f.steps_why if f else ""), id="batch.fluctuation")
+        return
+    for step in f.steps:
+        at = f"{step.load:g} {f.steps_unit}"
+        key = f"batch.fluctuation.{step.load:g}"
+        for metric, s in (("itl", step.itl), ("tpot", step.tpot)):
+            name = metric.upper()
+            none = f"no {name} sample in the step's measured ticks" if not s.count else ""
+            few = validity.too_few(s.count, "p99") if s.count else None
+            yield Row(dim, f"{name} P99 ÷ P50 at {at}", s.p99_over_p50, "×", "lower",
+                      note=none or f"P50 {_ms_text(s.p50_ms)}, P99 {_ms_text(s.p99_ms)}",
+                      id=f"{key}.{metric}_p99_p50", load=at, samples=s.count,
+                      flags=(few,) if few else ())
+            yield Row(dim, f"{name} IQR (P75 − P25) at {at}", s.iqr_ms, "ms", "lower",
+                      note=none or f"P25 {_ms_text(s.p25_ms)}, P75 {_ms_text(s.p75_ms)}",
+                      id=f"{key}.{metric}_iqr", load=at, samples=s.count)
+
+
+def _ms_text(value: float | None) -> str:
+    return units.ms(units.us_of_ms(value))
 
 
 def _context(results: Results) -> Iterator[Row]:

@@ -251,9 +251,12 @@ class Batch(_Table):
     """Static batching (loadgen.eval.batching): N requests at once, beside the baseline."""
 
     enabled: bool
+    requests: Count  # submitted at once, one a stream, the baseline's workload
+    timeout: Duration  # the batch is cut off here: its unfinished requests count as failed
 
 
-_NO_BATCH = Batch(enabled=False)  # the plans of the evals before the batch phase
+# the plans of the evals before the batch phase
+_NO_BATCH = Batch(enabled=False, requests=64, timeout=Duration(600.0))
 
 
 Ladder = Annotated[list[Count], msgspec.Meta(min_length=1)]
@@ -646,6 +649,7 @@ def planned_seconds(phases: Phases, targets: int = 1) -> float:
     steps = AUTO_MAX_STEPS if r.steps == "auto" else len(r.steps)
     total = (b.warmup + b.duration) * b.enabled
     total += steps * (r.step_warmup + r.step_duration) * r.enabled
+    total += phases.batch.timeout * phases.batch.enabled  # at most: it ends with its last token
     total += t.duration * t.enabled + faults_seconds(phases.faults)
     total += targets * (s.warmup + s.duration) * (s.enabled and targets > 1)
     c = phases.context
@@ -863,9 +867,15 @@ knee_fraction = 0.2      # the knee: the last step before scaling, ln(tok/s rati
 max_error_rate = "5%"    # stop after a step with more errors than this
 slo = ""                 # the sweep's goodput SLO; "": the plan's slo
 
-# 3. Static batching: N requests submitted at once, beside the dynamic baseline.
+# 3. Static batching: N requests submitted at once (the baseline's workload, one request a
+#    stream, no stagger, no warm-up): their total output tok/s over the time from the first
+#    send to the last token, beside the dynamic baseline's tok/s; and the latency
+#    fluctuation under dynamic batching: ITL and TPOT P99 / P50 and P75 - P25 at each ramp
+#    step (read from the ramp's recording: no load of its own).
 [phases.batch]
 enabled = true
+requests = 64            # submitted at once
+timeout = "10m"          # the batch is cut off after this; what did not finish counts failed
 
 # 4. Strong scaling and context length (fixed resources, a growing problem): an input-length
 #    ladder (TTFT and prefill tok/s against input length) and an output-length ladder (ITL
@@ -1004,6 +1014,10 @@ input_ladder = [128, 8192]
 output_ladder = [256]
 step_duration = "2s"
 step_warmup = "1s"
+
+[quick.batch]
+requests = 32
+timeout = "30s"
 
 [quick.long_tail]
 duration = "1m"

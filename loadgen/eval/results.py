@@ -242,9 +242,63 @@ class ScalingFigures(_Figures, kw_only=True):
 # ---- batch (loadgen.eval.batching) ------------------------------------------------------------
 
 
+class Spread(_Figures, kw_only=True):
+    """One latency's spread over a ramp step (ms, the recording's histograms): the
+    fluctuation under dynamic batching is P99 ÷ P50 and the interquartile range."""
+
+    count: int  # samples: tokens for ITL, requests for TPOT
+    p25_ms: float | None
+    p50_ms: float | None
+    p75_ms: float | None
+    p99_ms: float | None
+
+    @property
+    def p99_over_p50(self) -> float | None:
+        p50, p99 = self.p50_ms, self.p99_ms
+        return p99 / p50 if p50 and p99 is not None else None
+
+    @property
+    def iqr_ms(self) -> float | None:
+        p25, p75 = self.p25_ms, self.p75_ms
+        return p75 - p25 if p25 is not None and p75 is not None else None
+
+
+class StepSpread(_Figures, kw_only=True):
+    """The fluctuation at one ramp step: its measured ticks' ITL and TPOT."""
+
+    load: float  # the step's (streams or req/s: the ramp's unit)
+    ticks: int  # the ticks they are over
+    itl: Spread
+    tpot: Spread
+
+
 class BatchFigures(_Figures, kw_only=True):
     """Static batching against the dynamic baseline, and the latency fluctuation per ramp
     step."""
+
+    requests: int  # submitted at once
+    requests_ok: int
+    requests_failed: int  # failed, cancelled, or not ended within the timeout
+    output_tokens: int  # delivered, all requests
+    # the first send to the last token: every request is sent at once, so the longest
+    # request's E2E (its send to its last token) ends the batch; None: why says why
+    time_to_last_token_ms: float | None
+    output_tok_s: float | None  # output_tokens ÷ time to the last token
+    why: str  # why there is no time to the last token ("" when there is)
+    ttft_ms: dict[str, float | None]  # p50, p99
+    e2e_ms: dict[str, float | None]  # p50, max
+    timeout_s: float
+    dynamic_output_tok_s: float | None  # the baseline's, as the eval had it
+    dynamic_load: str  # the baseline's load ("16 streams"); "" when it did not run
+    dynamic_why: str  # why there is no baseline to compare with ("" when there is)
+    steps: list[StepSpread]  # each ramp step's fluctuation, in the ramp's order
+    steps_unit: str  # the ramp's: streams | req/s
+    steps_why: str  # why there are none ("" when there are)
+
+    @property
+    def static_vs_dynamic(self) -> float | None:
+        static, dynamic = self.output_tok_s, self.dynamic_output_tok_s
+        return static / dynamic if static is not None and dynamic else None
 
 
 # ---- context (loadgen.eval.context) ------------------------------------------------------------

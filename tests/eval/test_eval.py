@@ -40,6 +40,8 @@ steps = [1, 2, 4]
 step_duration = "2s"
 step_warmup = "0.5s"
 [phases.batch]
+requests = 8
+timeout = "30s"
 [phases.context]
 concurrency = 2
 input_ladder = [64, 256]
