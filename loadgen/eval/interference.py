@@ -333,6 +333,8 @@ async def _beside(ev: Eval, kind: str, spec: Spec, cores: list[int]) -> Interfer
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
         await neighbor.stop()
+        for left in out.glob("neighbor-disk-*"):  # a disk neighbour killed before its own
+            left.unlink(missing_ok=True)  # clean-up leaves its file
     result.use = neighbor.use()
     if result.use.ended != "stopped":
         ev.say(f"  interference: the {kind} neighbour {result.use.ended}")
