@@ -26,6 +26,7 @@ from loadgen.eval.results import (
     ContextRung,
     Dcgm,
     EvalState,
+    InterferenceRun,
     LeaksFigures,
     PhaseResult,
     Results,
@@ -686,12 +687,73 @@ def _count(summary: Summary | None) -> int | None:
 
 
 def _interference(results: Results) -> Iterator[Row]:
-    """Each neighbour's effect on the baseline load."""
+    """The baseline load alone, then beside each neighbour: TTFT P99, ITL P99 and output
+    tok/s (the note: the change against alone), the neighbour's CPU time as the OS
+    measured it, and where each process ran."""
     if _predates(results, "interference"):
         return
-    _, why = _ran(results.interference, "interference")
-    yield Row("interference", "output tokens/s beside a CPU neighbour", None, "%", "higher",
-              note=why or "not built yet", id="interference.cpu.output_tok_s")
+    f, why = _ran(results.interference, "interference")
+    dim = "interference"
+    if f is None:  # the alone rows and the default neighbours' throughput, saying why
+        for kind in ("alone", *_NEIGHBORS_SHOWN):
+            yield Row(dim, f"output tokens/s {_beside(kind)}", None, "tok/s", "higher",
+                      note=why, id=f"interference.{kind}.output_tok_s")
+        return
+    yield Row(dim, "where each ran", None, note=f"{f.placement} ({f.server_why})",
+              id="interference.placement")
+    alone = next((r for r in f.runs if r.neighbor == "alone"), None)
+    for run in f.runs:
+        yield from _interference_rows(dim, run, alone)
+
+
+_NEIGHBORS_SHOWN = ("cpu", "memory", "disk")  # the default plan's, shown when it did not run
+
+
+def _beside(kind: str) -> str:
+    return "alone" if kind == "alone" else f"beside the {kind} neighbour"
+
+
+def _interference_rows(dim: str, run: InterferenceRun,
+                       alone: InterferenceRun | None) -> Iterator[Row]:
+    kind = run.neighbor
+    figures = (("TTFT P99", "ttft.p99", "ms", "lower", _summary_p99(run.ttft_ms),
+                alone and _summary_p99(alone.ttft_ms)),
+               ("ITL P99", "itl.p99", "ms", "lower", _summary_p99(run.itl_ms),
+                alone and _summary_p99(alone.itl_ms)),
+               ("output tokens/s", "output_tok_s", "tok/s", "higher", run.output_tok_s,
+                alone and alone.output_tok_s))
+    for name, key, unit, better, value, base in figures:
+        note = run.why
+        if kind != "alone" and value is not None:
+            change = _change_text(value, base)
+            note = f"{change}; {note}" if note else change
+        yield Row(dim, f"{name} {_beside(kind)}", value, unit, better,
+                  note=note or ("" if value is not None else "not measured"),
+                  id=f"interference.{kind}.{key}", load=run.load, samples=run.requests)
+    if kind == "alone":
+        return
+    use = run.use
+    note = run.why or "the neighbour did not start"
+    if use is not None:
+        disk = units.bytes_(use.disk_write_bytes) if use.disk_write_bytes is not None \
+            else use.disk_why
+        note = f"{run.what}; over {units.duration(use.seconds)}, {use.ended}; disk " \
+               f"written: {disk}"
+    # what the neighbour took, a fact of the run (it really ran), not better or worse
+    yield Row(dim, f"the {kind} neighbour's CPU time", use and use.cpu_s, "s", None,
+              note=note, id=f"interference.{kind}.cpu_s", load=run.load)
+
+
+def _summary_p99(summary: Summary | None) -> float | None:
+    value = summary.get("p99") if summary is not None else None
+    return float(value) if value is not None else None
+
+
+def _change_text(value: float, base: float | None) -> str:
+    """"+12.5 % against alone"; why not when alone has no figure to compare."""
+    if not base:
+        return "alone has no figure to compare"
+    return f"{(value - base) / base * 100:+.1f} % against alone"
 
 
 def _memory(results: Results) -> Iterator[Row]:

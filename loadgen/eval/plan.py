@@ -282,14 +282,32 @@ _NO_CONTEXT = Context(enabled=False, concurrency=1, input_ladder=[128], output_l
                       step_warmup=Seconds(0.0))
 
 
+Neighbor = Literal["cpu", "memory", "disk", "command"]
+
 
 class Interference(_Table):
-    """The baseline load beside each neighbour (loadgen.eval.interference)."""
+    """The baseline load alone, then beside each neighbour (loadgen.eval.interference):
+    each a run of warmup + duration."""
 
     enabled: bool
+    neighbors: Annotated[list[Neighbor], msgspec.Meta(min_length=1)]
+    duration: Duration  # measured, per run
+    warmup: Seconds  # not measured, per run (the neighbour already on)
+    cpu_workers: Annotated[int, msgspec.Meta(ge=0)]  # 0: one per core not the client's
+    memory_mb: Count  # each memory worker's array (it copies into a second one as big)
+    disk_block_kb: Count  # each write's, fsync'd
+    command: str  # "": none (--neighbor-cmd wins)
+
+    def runs(self) -> int:
+        """The runs it plans: alone, each neighbour, and the command when one is given."""
+        extra = bool(self.command) and "command" not in self.neighbors
+        return 1 + len(set(self.neighbors)) + extra
 
 
-_NO_INTERFERENCE = Interference(enabled=False)  # the plans before the interference phase
+# the plans of the evals before the interference phase: it did not run there, nor on resume
+_NO_INTERFERENCE = Interference(enabled=False, neighbors=["cpu", "memory", "disk"],
+                                duration=Duration(60.0), warmup=Seconds(10.0), cpu_workers=0,
+                                memory_mb=64, disk_block_kb=1024, command="")
 
 
 class LongTail(_Table):
@@ -655,6 +673,8 @@ def planned_seconds(phases: Phases, targets: int = 1) -> float:
     c = phases.context
     rungs = len(c.input_ladder) + len(c.output_ladder)
     total += rungs * (c.step_warmup + c.step_duration) * c.enabled
+    i = phases.interference
+    total += i.runs() * (i.warmup + i.duration) * i.enabled
     return float(total)
 
 
@@ -893,9 +913,29 @@ fixed_input = 128        # input tokens on the output ladder
 step_duration = "20s"    # measured, per rung
 step_warmup = "5s"       # not measured, per rung
 
-# 5. Interference: the baseline load with a neighbour on the host, against it alone.
+# 5. Interference: the baseline load with a neighbour on the same host, against the same
+#    load alone (each a run of warmup + duration; the neighbour on from the warm-up to the
+#    end). tokentop's client (this process and its load workers) is pinned to the first
+#    quarter of the cores (at least one), the neighbour to the others; the server is left
+#    where it runs (its cores are recorded). On a 1-core machine nothing is pinned.
+#      cpu      busy processes (cpu_workers; 0: one per neighbour core)
+#      memory   as many processes, each copying a memory_mb array into another (memory
+#               bandwidth: 2 x memory_mb resident each)
+#      disk     disk_block_kb blocks written with fsync into a temp file under the eval's
+#               out dir, removed after
+#      command  `command` (or --neighbor-cmd CMD, which wins) through the shell in its own
+#               process group, killed with the group at the end; with one given, it runs
+#               after the others even when `neighbors` leaves it out
 [phases.interference]
 enabled = true
+neighbors = ["cpu", "memory", "disk"]
+duration = "1m"          # measured, per run
+warmup = "10s"           # not measured, per run
+cpu_workers = 0          # 0: one per core not the client's
+memory_mb = 64           # each memory worker's array
+disk_block_kb = 1024     # each fsync'd write
+command = ""             # e.g. "python train.py"; the plan is recorded whole (eval.json):
+                         # no secret here (--neighbor-cmd keeps it off the record)
 
 # 6. Long tail: a soak at a fraction of the knee's load, listing every interval whose tail
 #    breaks out.
@@ -1018,6 +1058,10 @@ step_warmup = "1s"
 [quick.batch]
 requests = 32
 timeout = "30s"
+
+[quick.interference]
+duration = "4s"
+warmup = "1s"
 
 [quick.long_tail]
 duration = "1m"

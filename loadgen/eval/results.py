@@ -349,8 +349,41 @@ class ContextFigures(_Figures, kw_only=True):
 # ---- interference (loadgen.eval.interference) --------------------------------------------------
 
 
+class NeighborUse(_Figures, kw_only=True):
+    """What a neighbour used, as the OS measured it (never its own report)."""
+
+    cpu_s: float | None  # user + system: wait4's rusage of it and what it reaped
+    disk_write_bytes: int | None  # /proc/PID/io write_bytes over its processes
+    disk_why: str | None  # why there is no disk figure
+    seconds: float  # from its start to its end
+    ended: str  # "stopped", or how it ended early, in words
+
+
+class InterferenceRun(_Figures, kw_only=True):
+    """The baseline load once: alone, or beside one neighbour."""
+
+    neighbor: str  # "alone", "cpu", "memory", "disk", "command"
+    what: str  # the neighbour in words ("2 busy processes"); "" alone
+    why: str = ""  # why its figures are missing or partial ("" when it ran as planned)
+    load: str = ""
+    requests: int | None = None  # ended in the measured window
+    ttft_ms: Summary | None = None
+    itl_ms: Summary | None = None
+    output_tok_s: float | None = None
+    error_rate: float | None = None
+    use: NeighborUse | None = None  # None: alone, or the neighbour did not start
+    run_dir: str | None = None
+
+
 class InterferenceFigures(_Figures, kw_only=True):
-    """The baseline load alone and beside each neighbour."""
+    """The baseline load alone and beside each neighbour, and where each process ran."""
+
+    client_cores: list[int]  # this process and its load workers, during the phase
+    neighbor_cores: list[int]
+    server_cores: list[int] | None  # the server process' affinity; None: not seen here
+    server_why: str  # how the server was found, or why not
+    placement: str  # in words: "client on cores 0, neighbour on 1, server: any"
+    runs: list[InterferenceRun]  # the alone run first
 
 
 # ---- memory (loadgen.eval.memory) --------------------------------------------------------------
