@@ -268,7 +268,8 @@ class Neighbor:
             _kill_group(self.pid, signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
             while not self.reap() and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+                self.sample()  # its figures up to its last moments (/proc goes with it)
+                await asyncio.sleep(0.02)
             if not self.reap():
                 _kill_group(self.pid, signal.SIGKILL)
                 self.reap(block=True)

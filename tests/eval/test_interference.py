@@ -228,7 +228,10 @@ def test_the_disk_neighbour_wrote_what_the_kernel_counted_and_left_no_file(ran):
     disk = _run(_figures(ran), "disk")
     assert disk.use is not None and disk.use.ended == "stopped"
     truth = sum(seen.written.values())  # this test's last look, before the neighbour's end
-    assert disk.use.disk_write_bytes is not None and disk.use.disk_write_bytes >= truth
+    # the eval's last look may come before this test's, by at most the one block the
+    # neighbour finishes after its SIGTERM
+    assert disk.use.disk_write_bytes is not None
+    assert disk.use.disk_write_bytes >= truth - 64 * 1024
     assert truth >= 64 * 1024, "the kernel counted no fsync'd block (a filesystem that hides them?)"
     out = Path(disk.run_dir).parent.parent
     assert not list((out / "interference").glob("neighbor-disk-*"))
