@@ -55,10 +55,10 @@ def gpu_use(run_dir: Path, r: Report) -> GpuUse:
     readings = EnergyReadings()
     for snap in iter_snapshots(run_dir):
         reading = readings.see(snap)
-        if not _inside(r, snap.t) or not snap.gpu.gpus:
+        if not in_measured_window(r, snap.t) or not snap.gpu.gpus:
             continue
         source = source or snap.gpu.source
-        if reading is not None and _inside(r, reading.t):
+        if reading is not None and in_measured_window(r, reading.t):
             first, last = first or reading, reading
         gpus = snap.gpu.gpus
         util += [g.utilization_pct for g in gpus if g.utilization_pct is not None]
@@ -74,7 +74,7 @@ def gpu_use(run_dir: Path, r: Report) -> GpuUse:
                   energy_why=None if energy else "no GPU energy counter (no NVIDIA GPU seen)")
 
 
-def _inside(r: Report, t: float) -> bool:
+def in_measured_window(r: Report, t: float) -> bool:
     """Within the report's measured window (after warm-up, before the drain)."""
     return r.measured_from is not None and r.measured_to is not None \
         and r.measured_from <= t <= r.measured_to
@@ -188,7 +188,7 @@ class _Window:
 def _window(run_dir: Path, r: Report) -> _Window:
     w = _Window()
     for snap in iter_snapshots(run_dir):
-        if not _inside(r, snap.t):
+        if not in_measured_window(r, snap.t):
             continue
         if (tick := _kv_tick(snap)) is not None:
             w.kv.append(tick)

@@ -784,7 +784,7 @@ def _memory(results: Results) -> Iterator[Row]:
     yield Row(dim, "KV cache bytes per token", f and f.kv_bytes_per_token, "bytes/token",
               "lower", note=bytes_note, id="memory.kv_bytes_per_token")
     gb = f.kv_bytes / 1e9 if f and f.kv_bytes is not None else None
-    yield Row(dim, "KV cache capacity (memory)", gb, "GB", "higher", note=bytes_note,
+    yield Row(dim, "KV cache size", gb, "GB", "higher", note=bytes_note,
               id="memory.kv_capacity_gb")
 
 

@@ -24,7 +24,7 @@ import aiohttp
 import numpy as np
 
 from loadgen.analysis.report import soak_report
-from loadgen.eval.efficiency import _inside
+from loadgen.eval.efficiency import in_measured_window
 from loadgen.eval.phase_run import Eval
 from loadgen.eval.results import MemoryFigures, PhaseResult, done, skipped
 from loadgen.record.rundir import iter_snapshots
@@ -129,7 +129,7 @@ def _gpu_memory(ev: Eval) -> dict[str, Any]:
     for snap in iter_snapshots(Path(base.run_dir)):
         gpus = snap.gpu.gpus
         used = [g.memory_used_bytes for g in gpus if g.memory_used_bytes is not None]
-        if not _inside(r, snap.t) or not used:
+        if not in_measured_window(r, snap.t) or not used:
             continue
         sums.append(float(sum(used)))
         count, source = max(count, len(gpus)), snap.gpu.source or source

@@ -110,7 +110,7 @@ def test_a_list_replaces_the_defaults_list() -> None:
     assert none.phases.faults == [] and faults_seconds(none.phases.faults) == 0
 
 
-def test_quick_profile_shortens_every_timed_phase_and_fits_five_minutes() -> None:
+def test_quick_profile_shortens_every_timed_phase_and_fits_six_minutes() -> None:
     plan = default_plan()
     full, quick = plan.phases, plan.quick
     assert quick.baseline.duration < full.baseline.duration
@@ -118,6 +118,9 @@ def test_quick_profile_shortens_every_timed_phase_and_fits_five_minutes() -> Non
     assert quick.long_tail.duration < full.long_tail.duration
     assert faults_seconds(quick.faults) < faults_seconds(full.faults)
     assert quick.scaling.duration < full.scaling.duration
+    assert quick.batch.timeout < full.batch.timeout
+    assert quick.context.step_duration < full.context.step_duration
+    assert quick.interference.duration < full.interference.duration
     # planned load time with two replicas for the scaling row, leaving a sixth of the budget
     # for starting each phase's session and writing the report
     assert planned_seconds(quick, targets=2) <= QUICK_BUDGET_S * 5 / 6
@@ -126,9 +129,12 @@ def test_quick_profile_shortens_every_timed_phase_and_fits_five_minutes() -> Non
 
 def test_planned_seconds_adds_up_the_phases() -> None:
     quick = default_plan().quick
-    # 5+20 baseline, 7 steps x (2+8), 60 soak, faults to 48 s + settle, 2 x (3+12) scaling
-    assert planned_seconds(quick, targets=2) == 25 + 70 + 60 + 48 + FAULT_SETTLE_S + 30
-    assert planned_seconds(quick, targets=1) == 25 + 70 + 60 + 48 + FAULT_SETTLE_S
+    # 5+20 baseline, 7 steps x (2+8), the batch's 20 s timeout, 3 context rungs x (1+2),
+    # interference alone and beside 3 neighbours x (1+4), 60 soak, faults to 48 s + settle,
+    # 2 x (3+12) scaling
+    once = 25 + 70 + 20 + 9 + 20 + 60 + 48 + FAULT_SETTLE_S
+    assert planned_seconds(quick, targets=2) == once + 30
+    assert planned_seconds(quick, targets=1) == once
 
 
 @pytest.mark.parametrize(("written", "seconds"), [
