@@ -59,7 +59,6 @@ from loadgen.eval.phase_run import (
 )
 from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.plan import (
-    FAULT_SETTLE_S,
     Leaks,
     plan_from_builtins,
     plan_to_builtins,
@@ -205,7 +204,7 @@ def time_left(ev: Eval, name: Phase) -> float:
     if "faults" in before:
         rest = msgspec.structs.replace(rest, faults=[])
     targets = max(1, len(_scaling_targets(ev)))
-    return planned_seconds(rest, targets)
+    return planned_seconds(rest, targets, ev.plan.fault_settle)
 
 
 def _off(table):
@@ -375,7 +374,7 @@ async def faults(ev: Eval) -> PhaseResult:
     host, port = _host_port(ev.url)
     schedule = FaultSchedule.parse([{k: _plain(v) for k, v in e.items()} for e in entries])
     kill_at = schedule.span_s + CHAOS_AFTER_S if ev.chaos_restart_cmd else None
-    seconds = schedule.span_s + FAULT_SETTLE_S + (CHAOS_WINDOW_S if kill_at else 0.0)
+    seconds = schedule.span_s + ev.plan.fault_settle + (CHAOS_WINDOW_S if kill_at else 0.0)
     notes = FaultNotes()  # each fault's start and end, an event of the run
     proxy = FaultProxy(host, port, on_change=notes.take)
     await proxy.start()

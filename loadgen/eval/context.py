@@ -245,14 +245,16 @@ async def longest_prompt(t: Target, inputs: list[ContextRung], output_tokens: in
     above = [r for r in inputs if r.input_tokens > lo]
     no = [r.input_tokens for r in above if refused(r)]
     cap = stated - output_tokens if stated is not None else None
-    # the stated max lies past the longest rung served, short of the next one (not sent)
-    short_of_next = cap is not None and cap > lo and any(not r.sent for r in above)
-    if not no and not short_of_next:
-        more = f"; the server states {stated:,}" if stated is not None else ""
+    # the stated max lies past the longest rung served (the ladder stops short of it, or its
+    # next rung was not sent): asked, so the row is the server's max, not the ladder's
+    past_ladder = cap is not None and cap > lo
+    if not no and not past_ladder:
         if not above:
-            return LongestPrompt(tokens=lo, how=f"the ladder's longest rung{more}")
+            states = "no max context" if stated is None else f"{stated:,} tokens at most"
+            return LongestPrompt(tokens=lo, how=f"the ladder's longest rung (the server states "
+                                                f"{states})")
         return LongestPrompt(tokens=lo, how=f"the longest rung served; {above[0].input_tokens:,}"
-                                            f": {above[0].why or 'not served'}{more}")
+                                            f": {above[0].why or 'not served'}")
     async with aiohttp.ClientSession() as http:
         return await _bisect(http, t, lo, min(no) if no else None, cap, output_tokens)
 

@@ -47,6 +47,7 @@ STOP_GRACE_S = 5.0  # after SIGTERM to its group, then SIGKILL
 SAMPLE_EVERY_S = 0.25  # psutil's look at the neighbour's processes
 BOUND_MARGIN_S = 60.0  # a neighbour stops itself this long after its run should have ended
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
+AGAIN = "alone_after"  # the run alone after the neighbours' (InterferenceRun.neighbor)
 
 
 async def run(ev: Eval) -> PhaseResult:
@@ -68,6 +69,10 @@ async def run(ev: Eval) -> PhaseResult:
                 runs.append(InterferenceRun(neighbor=kind, what="", why=spec))
                 continue
             runs.append(await _beside(ev, kind, spec, neighbor))
+        # alone once more: a host that changed under the phase (a clock, a cache, another
+        # job) shows as alone before and after differing, and the matrix flags the
+        # neighbours' rows, whose changes it would otherwise take for theirs
+        runs.append(await _load(ev, AGAIN, None))
     finally:
         if before is not None:
             pin_client(before)

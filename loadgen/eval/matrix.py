@@ -702,19 +702,40 @@ def _interference(results: Results) -> Iterator[Row]:
     yield Row(dim, "where each ran", None, note=f"{f.placement} ({f.server_why})",
               id="interference.placement")
     alone = next((r for r in f.runs if r.neighbor == "alone"), None)
+    again = next((r for r in f.runs if r.neighbor == "alone_after"), None)
+    flags = _host_drift(alone, again)
     for run in f.runs:
-        yield from _interference_rows(dim, run, alone)
+        yield from _interference_rows(dim, run, alone,
+                                      flags if run.neighbor not in _ALONE else ())
 
 
 _NEIGHBORS_SHOWN = ("cpu", "memory", "disk")  # the default plan's, shown when it did not run
+_ALONE = ("alone", "alone_after")
+HOST_DRIFT = 0.10  # alone before and after differing by more: the neighbours' rows flagged
 
 
 def _beside(kind: str) -> str:
-    return "alone" if kind == "alone" else f"beside the {kind} neighbour"
+    return {"alone": "alone", "alone_after": "alone again, after the neighbours"}.get(
+        kind, f"beside the {kind} neighbour")
 
 
-def _interference_rows(dim: str, run: InterferenceRun,
-                       alone: InterferenceRun | None) -> Iterator[Row]:
+def _host_drift(alone: InterferenceRun | None, again: InterferenceRun | None) -> tuple[str, ...]:
+    """A flag for the neighbours' rows when the load alone before them and after them
+    differ by more than HOST_DRIFT in tok/s or ITL P99: the host changed under the phase,
+    and a neighbour's change may be the host's (an eval before the second run: none)."""
+    if alone is None or again is None:
+        return ()
+    pairs = ((alone.output_tok_s, again.output_tok_s),
+             (_summary_p99(alone.itl_ms), _summary_p99(again.itl_ms)))
+    drifts = [abs(b - a) / a for a, b in pairs if a and b is not None]
+    if not drifts or max(drifts) <= HOST_DRIFT:
+        return ()
+    return (f"the host drifted: alone before and after the neighbours differ by "
+            f"{max(drifts) * 100:.0f} %",)
+
+
+def _interference_rows(dim: str, run: InterferenceRun, alone: InterferenceRun | None,
+                       flags: tuple[str, ...]) -> Iterator[Row]:
     kind = run.neighbor
     figures = (("TTFT P99", "ttft.p99", "ms", "lower", _summary_p99(run.ttft_ms),
                 alone and _summary_p99(alone.ttft_ms)),
@@ -729,8 +750,9 @@ def _interference_rows(dim: str, run: InterferenceRun,
             note = f"{change}; {note}" if note else change
         yield Row(dim, f"{name} {_beside(kind)}", value, unit, better,
                   note=note or ("" if value is not None else "not measured"),
-                  id=f"interference.{kind}.{key}", load=run.load, samples=run.requests)
-    if kind == "alone":
+                  id=f"interference.{kind}.{key}", load=run.load, samples=run.requests,
+                  flags=flags)
+    if kind in _ALONE:
         return
     use = run.use
     note = run.why or "the neighbour did not start"

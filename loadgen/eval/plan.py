@@ -36,8 +36,10 @@ from loadgen.worker.distributions import LengthDist, WorkloadError
 
 PLAN_VERSION = 1
 # Load goes on this long after the last fault ends, so the recovery is seen: an outage is
-# only declared after OUTAGE_MIN_S (3 s) and MTTR ends at the first success after it.
+# only declared after OUTAGE_MIN_S (3 s) and MTTR ends at the first success after it (the
+# plan's fault_settle; this is its default, and the plans' of the evals before the key).
 FAULT_SETTLE_S = 15.0
+MIN_FAULT_SETTLE_S = 5.0  # past OUTAGE_MIN_S, with a first success to end the MTTR after
 # `tokentop eval --quick` against the embedded simulator must finish within this.
 QUICK_BUDGET_S = 360.0
 
@@ -299,9 +301,10 @@ class Interference(_Table):
     command: str  # "": none (--neighbor-cmd wins)
 
     def runs(self) -> int:
-        """The runs it plans: alone, each neighbour, and the command when one is given."""
+        """The runs it plans: alone, each neighbour, the command when one is given, and
+        alone again after them."""
         extra = bool(self.command) and "command" not in self.neighbors
-        return 1 + len(set(self.neighbors)) + extra
+        return 2 + len(set(self.neighbors)) + extra
 
 
 # the plans of the evals before the interference phase: it did not run there, nor on resume
@@ -466,6 +469,7 @@ class Plan(_Table):
     # defaults for the plans of the evals before these keys (eval.json keeps the plan)
     repeat: Annotated[int, msgspec.Meta(ge=1, le=100)] = 1
     stagger: StaggerText = StaggerText("auto")
+    fault_settle: Duration = Duration(FAULT_SETTLE_S)  # the faults phase, after its last
     request: Request = msgspec.field(default_factory=Request)
     scenarios: dict[str, Scenario] = msgspec.field(default_factory=dict)
 
@@ -584,6 +588,9 @@ def _check(plan: Plan) -> str | None:
     """The first problem that no single key's type can say, as 'path: words'; None: none."""
     if plan.version != PLAN_VERSION:
         return f"version: this tokentop reads plan version {PLAN_VERSION}, not {plan.version}"
+    if plan.fault_settle < MIN_FAULT_SETTLE_S:
+        return (f"fault_settle: expected at least {MIN_FAULT_SETTLE_S:g}s (an outage is seen "
+                f"after 3 s), got {plan.fault_settle:g}s")
     for name in ("phases", "quick"):
         phases: Phases = getattr(plan, name)
         problem = (_check_steps(phases.ramp, f"{name}.ramp")
@@ -653,12 +660,13 @@ def _check_scenarios(scenarios: dict[str, Scenario]) -> str | None:
 # ---- planned time -----------------------------------------------------------------------
 
 
-def faults_seconds(faults: list[Fault]) -> float:
-    """The faults phase's length: to the end of the last fault, and FAULT_SETTLE_S after."""
-    return max(f.end for f in faults) + FAULT_SETTLE_S if faults else 0.0
+def faults_seconds(faults: list[Fault], settle: float = FAULT_SETTLE_S) -> float:
+    """The faults phase's length: to the end of the last fault, and `settle` after (the
+    plan's fault_settle)."""
+    return max(f.end for f in faults) + settle if faults else 0.0
 
 
-def planned_seconds(phases: Phases, targets: int = 1) -> float:
+def planned_seconds(phases: Phases, targets: int = 1, settle: float = FAULT_SETTLE_S) -> float:
     """The load time the battery plans (an auto ramp counted at its most steps): leaks and
     efficiency are read from other phases, scaling runs 1..N targets when N > 1."""
     from loadgen.analysis.sweep import AUTO_MAX_STEPS  # the sweep's module is a heavy import
@@ -668,7 +676,7 @@ def planned_seconds(phases: Phases, targets: int = 1) -> float:
     total = (b.warmup + b.duration) * b.enabled
     total += steps * (r.step_warmup + r.step_duration) * r.enabled
     total += phases.batch.timeout * phases.batch.enabled  # at most: it ends with its last token
-    total += t.duration * t.enabled + faults_seconds(phases.faults)
+    total += t.duration * t.enabled + faults_seconds(phases.faults, settle)
     total += targets * (s.warmup + s.duration) * (s.enabled and targets > 1)
     c = phases.context
     rungs = len(c.input_ladder) + len(c.output_ladder)
@@ -841,6 +849,12 @@ repeat = 1
 # that window; 0: all at once.
 stagger = "auto"
 
+# The faults phase goes on this long after its last fault ends (and after a chaos restart's
+# window), so the recovery is seen: an outage is declared only after 3 s without a success,
+# and its MTTR ends at the first success after it. A server that takes long to recover
+# wants more; at least 5 s.
+fault_settle = "15s"
+
 # What every request adds to its body, as the command line's --temperature, --top-p,
 # --top-k, --sampling-seed, --response-format and --extra-body (a flag given wins over its
 # key here). A key left out is not sent: the server's own default. Sampling and guided
@@ -914,8 +928,9 @@ step_duration = "20s"    # measured, per rung
 step_warmup = "5s"       # not measured, per rung
 
 # 5. Interference: the baseline load with a neighbour on the same host, against the same
-#    load alone (each a run of warmup + duration; the neighbour on from the warm-up to the
-#    end). tokentop's client (this process and its load workers) is pinned to the first
+#    load alone, before the neighbours and again after them (a host that changed under the
+#    phase flags their rows); each a run of warmup + duration, the neighbour on from the
+#    warm-up to the end. tokentop's client (this process and its load workers) is pinned to the first
 #    quarter of the cores (at least one), the neighbour to the others; the server is left
 #    where it runs (its cores are recorded). On a 1-core machine nothing is pinned.
 #      cpu      busy processes (cpu_workers; 0: one per neighbour core)
@@ -948,8 +963,9 @@ tail_k = 5.0             # a tick whose P99.9 passes tail_k x the run's median P
 
 # 7. Stability under faults, from the fault-injecting proxy that tokentop runs between itself
 #    and the server, at the baseline's load. `at` counts from the phase's start; faults must
-#    not overlap (each row is the success rate under one fault), and the phase goes on 15 s
-#    after the last one ends, to see the recovery. No faults phase: phases.faults = [].
+#    not overlap (each row is the success rate under one fault), and the phase goes on
+#    fault_settle (above) after the last one ends, to see the recovery. No faults phase:
+#    phases.faults = [].
 #    Killing and restarting the server is only ever asked on the command line
 #    (--chaos-restart-cmd), never by a plan.
 #      latency    delay of `ms` (plus or minus jitter_ms) on the traffic, for `for`
@@ -1060,7 +1076,7 @@ requests = 32
 timeout = "20s"
 
 [quick.interference]
-duration = "4s"
+duration = "3s"
 warmup = "1s"
 
 [quick.long_tail]

@@ -362,7 +362,7 @@ class NeighborUse(_Figures, kw_only=True):
 class InterferenceRun(_Figures, kw_only=True):
     """The baseline load once: alone, or beside one neighbour."""
 
-    neighbor: str  # "alone", "cpu", "memory", "disk", "command"
+    neighbor: str  # "alone", "cpu", "memory", "disk", "command", "alone_after" (alone again)
     what: str  # the neighbour in words ("2 busy processes"); "" alone
     why: str = ""  # why its figures are missing or partial ("" when it ran as planned)
     load: str = ""
@@ -383,7 +383,7 @@ class InterferenceFigures(_Figures, kw_only=True):
     server_cores: list[int] | None  # the server process' affinity; None: not seen here
     server_why: str  # how the server was found, or why not
     placement: str  # in words: "client on cores 0, neighbour on 1, server: any"
-    runs: list[InterferenceRun]  # the alone run first
+    runs: list[InterferenceRun]  # the alone run first, alone again last
 
 
 # ---- memory (loadgen.eval.memory) --------------------------------------------------------------

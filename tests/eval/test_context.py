@@ -133,6 +133,16 @@ def test_bisection_finds_the_limit_where_the_server_states_none(sim):
     assert "maximum context length is 2048" in found.how
 
 
+def test_a_ladder_that_stops_short_of_the_stated_max_asks_the_max(sim):
+    # every rung served, the longest (1024) well short of the stated max: the row is the
+    # server's max (its cap less the output, served by one request), not the ladder's top
+    served = ContextRung(input_tokens=1024, output_tokens=FIXED_OUT, sent=True, requests_ok=5,
+                         requests_failed=0)
+    target = Target(url=sim, headers={}, api="chat", model="tokentop-sim", timeout_s=10.0)
+    found = asyncio.run(longest_prompt(target, [served], FIXED_OUT, stated=SIM["kv_tokens"]))
+    assert (found.tokens, found.probes) == (SIM["kv_tokens"] - FIXED_OUT, 1)
+
+
 def test_a_ladder_out_of_order_is_one_line(tmp_path):
     (tmp_path / "plan.toml").write_text("[phases.context]\ninput_ladder = [512, 128]\n")
     # read before anything is started or sent: a URL nobody listens on is never asked

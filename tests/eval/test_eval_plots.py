@@ -30,6 +30,7 @@ pytestmark = pytest.mark.timeout(300)
 PLAN = """
 version = 1
 slo = "ttft<2s,error_rate<50%"
+fault_settle = "5s"  # the simulator recovers at once: the least a plan may say
 [phases.baseline]
 enabled = false
 concurrency = 4

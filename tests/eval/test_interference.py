@@ -220,7 +220,8 @@ def test_a_neighbour_that_cannot_start_is_said_and_the_eval_goes_on(ran):
     rows = {r["id"]: r for r in state.rows}
     assert rows["interference.memory.output_tok_s"]["value"] is None
     assert "did not start" in rows["interference.memory.output_tok_s"]["note"]
-    assert [r.neighbor for r in f.runs] == ["alone", "cpu", "memory", "disk", "command"]
+    assert [r.neighbor for r in f.runs] == ["alone", "cpu", "memory", "disk", "command",
+                                            "alone_after"]
 
 
 def test_the_disk_neighbour_wrote_what_the_kernel_counted_and_left_no_file(ran):
@@ -260,12 +261,13 @@ def test_the_rows_are_the_recordings_figures_and_their_change_against_alone(ran)
     state, _, _ = ran
     f = _figures(ran)
     rows = {r["id"]: r for r in state.rows}
-    recorded = {k: _recorded(_run(f, k).run_dir) for k in ("alone", "cpu", "command")}
+    recorded = {k: _recorded(_run(f, k).run_dir) for k in ("alone", "cpu", "command",
+                                                            "alone_after")}
     for kind, (tok_s, itl_p99) in recorded.items():
         assert rows[f"interference.{kind}.output_tok_s"]["value"] == pytest.approx(tok_s, rel=1e-3)
         assert rows[f"interference.{kind}.itl.p99"]["value"] == pytest.approx(itl_p99, rel=1e-3)
         assert rows[f"interference.{kind}.ttft.p99"]["value"] > 0
-    for kind in ("cpu", "command"):
+    for kind in ("cpu", "command", "alone_after"):
         for key in ("ttft.p99", "itl.p99", "output_tok_s"):
             value = rows[f"interference.{kind}.{key}"]["value"]
             alone = rows[f"interference.alone.{key}"]["value"]
@@ -275,6 +277,42 @@ def test_the_rows_are_the_recordings_figures_and_their_change_against_alone(ran)
             assert got and float(got[1]) == pytest.approx(change, abs=0.051)
     assert rows["interference.cpu.cpu_s"]["value"] == _run(f, "cpu").use.cpu_s
     assert rows["interference.placement"]["note"].startswith(f.placement)
+
+
+def _drifted(tok_s_after: float, itl_p99_after: float) -> dict[str, tuple[str, ...]]:
+    """The flags of each row of a phase whose load alone ran at 1000 tok/s and 20 ms ITL
+    P99 before the neighbours and at these after them."""
+    from loadgen.eval.matrix import rows
+    from loadgen.eval.results import InterferenceFigures, InterferenceRun, Results, done
+
+    def alone(kind: str, tok_s: float, itl: float) -> InterferenceRun:
+        return InterferenceRun(neighbor=kind, what="", load="4 streams", requests=100,
+                               ttft_ms={"p99": 50.0}, itl_ms={"p99": itl}, output_tok_s=tok_s)
+
+    cpu = InterferenceRun(neighbor="cpu", what="1 busy process", load="4 streams",
+                          requests=100, ttft_ms={"p99": 60.0}, itl_ms={"p99": 25.0},
+                          output_tok_s=900.0)
+    f = InterferenceFigures(client_cores=[0], neighbor_cores=[1], server_cores=None,
+                            server_why="", placement="client on cores 0, neighbour on 1",
+                            runs=[alone("alone", 1000.0, 20.0), cpu,
+                                  alone("alone_after", tok_s_after, itl_p99_after)])
+    return {r.id: r.flags for r in rows(Results(interference=done(f)))
+            if r.id.startswith("interference.")}
+
+
+def test_a_host_that_changed_under_the_phase_flags_the_neighbours_rows():
+    # alone after: 1250 tok/s (+25 %), ITL the same: the neighbours' rows carry the drift
+    flags = _drifted(1250.0, 20.0)
+    assert flags["interference.cpu.output_tok_s"] == (
+        "the host drifted: alone before and after the neighbours differ by 25 %",)
+    assert flags["interference.cpu.itl.p99"] == flags["interference.cpu.output_tok_s"]
+    assert flags["interference.alone.output_tok_s"] == ()  # alone is the reference
+    assert flags["interference.alone_after.output_tok_s"] == ()
+    # ITL P99 30 % higher after, tok/s 5 %: the larger says it
+    assert _drifted(1050.0, 26.0)["interference.cpu.ttft.p99"] == (
+        "the host drifted: alone before and after the neighbours differ by 30 %",)
+    # within 10 % on both: no flag
+    assert all(not v for v in _drifted(1080.0, 21.0).values())
 
 
 def test_no_neighbour_is_left_behind_and_the_phase_stays_in_time(ran):

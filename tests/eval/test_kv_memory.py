@@ -68,16 +68,28 @@ async def _record(out, **sim_cfg):
 
 
 @pytest.fixture(scope="module")
-def healthy(tmp_path_factory):
-    """An engine that states its pool's bytes (vLLM with --kv-cache-memory-bytes)."""
-    return asyncio.run(_record(tmp_path_factory.mktemp("healthy") / "run", state_kv_bytes=True))
+def recorded(tmp_path_factory):
+    """The two engines' runs, at once (each its own simulator and client: half the wall
+    time of one after the other; the truths are each simulator's own state)."""
+
+    async def both():
+        return await asyncio.gather(
+            _record(tmp_path_factory.mktemp("healthy") / "run", state_kv_bytes=True),
+            _record(tmp_path_factory.mktemp("leaking") / "run", kv_leak_fraction=LEAK))
+
+    return asyncio.run(both())
 
 
 @pytest.fixture(scope="module")
-def leaking(tmp_path_factory):
+def healthy(recorded):
+    """An engine that states its pool's bytes (vLLM with --kv-cache-memory-bytes)."""
+    return recorded[0]
+
+
+@pytest.fixture(scope="module")
+def leaking(recorded):
     """vLLM's default: no bytes stated, so tokens."""
-    return asyncio.run(_record(tmp_path_factory.mktemp("leaking") / "run",
-                               kv_leak_fraction=LEAK))
+    return recorded[1]
 
 
 def _per_request_truth(truth: Truth, r) -> float:

@@ -106,8 +106,21 @@ def test_a_list_replaces_the_defaults_list() -> None:
     plan = parse_plan('[[phases.faults]]\nat = "10s"\nfault = "blackhole"\nseconds = 3\n')
     assert plan.phases.faults == [Blackhole(at=10, seconds=3)]
     assert faults_seconds(plan.phases.faults) == 13 + FAULT_SETTLE_S
+    assert faults_seconds(plan.phases.faults, plan.fault_settle) == 13 + FAULT_SETTLE_S
     none = parse_plan("[phases]\nfaults = []\n")
     assert none.phases.faults == [] and faults_seconds(none.phases.faults) == 0
+
+
+def test_the_settle_after_the_last_fault_is_the_plans_and_long_enough_to_see_an_outage():
+    plan = parse_plan('fault_settle = "40s"\n[[phases.faults]]\nat = "10s"\nfault = "blackhole"\n'
+                      'seconds = 3\n')
+    assert plan.fault_settle == 40.0
+    assert faults_seconds(plan.phases.faults, plan.fault_settle) == 13 + 40
+    assert planned_seconds(plan.phases, settle=plan.fault_settle) - planned_seconds(
+        plan.phases) == 40 - FAULT_SETTLE_S
+    with pytest.raises(PlanError,
+                       match=r"^plan\.toml: fault_settle: expected at least 5s .* got 3s$"):
+        parse_plan('fault_settle = "3s"\n')
 
 
 def test_quick_profile_shortens_every_timed_phase_and_fits_six_minutes() -> None:
@@ -130,8 +143,8 @@ def test_quick_profile_shortens_every_timed_phase_and_fits_six_minutes() -> None
 def test_planned_seconds_adds_up_the_phases() -> None:
     quick = default_plan().quick
     # 5+20 baseline, 7 steps x (2+8), the batch's 20 s timeout, 3 context rungs x (1+2),
-    # interference alone and beside 3 neighbours x (1+4), 60 soak, faults to 48 s + settle,
-    # 2 x (3+12) scaling
+    # interference alone, beside 3 neighbours and alone again, 5 x (1+3), 60 soak, faults
+    # to 48 s + settle, 2 x (3+12) scaling
     once = 25 + 70 + 20 + 9 + 20 + 60 + 48 + FAULT_SETTLE_S
     assert planned_seconds(quick, targets=2) == once + 30
     assert planned_seconds(quick, targets=1) == once
@@ -253,6 +266,6 @@ def test_errors_in_a_file_name_the_file(tmp_path: Path) -> None:
 def test_default_text_is_plain_toml_a_reader_can_edit() -> None:
     """Every key the plan knows is written in the default text (none only in code)."""
     raw = tomllib.loads(DEFAULT_PLAN)
-    assert set(raw) == {"version", "slo", "repeat", "stagger", "request", "phases", "quick",
-                        "scenarios"}
+    assert set(raw) == {"version", "slo", "repeat", "stagger", "fault_settle", "request",
+                        "phases", "quick", "scenarios"}
     assert set(raw["phases"]) == set(PHASES)
