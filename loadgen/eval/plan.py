@@ -930,9 +930,9 @@ step_warmup = "5s"       # not measured, per rung
 # 5. Interference: the baseline load with a neighbour on the same host, against the same
 #    load alone, before the neighbours and again after them (a host that changed under the
 #    phase flags their rows); each a run of warmup + duration, the neighbour on from the
-#    warm-up to the end. tokentop's client (this process and its load workers) is pinned to the first
-#    quarter of the cores (at least one), the neighbour to the others; the server is left
-#    where it runs (its cores are recorded). On a 1-core machine nothing is pinned.
+#    warm-up to the end. tokentop's client (this process and its load workers) is pinned to
+#    the first quarter of the cores (at least one), the neighbour to the others; the server
+#    is left where it runs (its cores are recorded). On a 1-core machine nothing is pinned.
 #      cpu      busy processes (cpu_workers; 0: one per neighbour core)
 #      memory   as many processes, each copying a memory_mb array into another (memory
 #               bandwidth: 2 x memory_mb resident each)
