@@ -16,10 +16,24 @@ import aiohttp
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadgen.eval.phases import PHASES
 from loadgen.sim import RunningSim, SimConfig, start_sim
 
 ROOT = Path(__file__).resolve().parent.parent  # the project
 FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def only_phases(text: str) -> str:
+    """An eval plan's text with every phase it does not name (`[phases.NAME]`, keys or none)
+    turned off, and no faults unless it has some: a test's plan says what it runs, and a
+    phase added to the battery later stays off in it."""
+    off = [p for p in PHASES if p != "faults" and f"[phases.{p}]" not in text]
+    text += "".join(f"\n[phases.{p}]\nenabled = false\n" for p in off)
+    if "[[phases.faults]]" in text or "\nfaults = " in text:
+        return text
+    if "\n[phases]\n" in text:
+        return text.replace("\n[phases]\n", "\n[phases]\nfaults = []\n", 1)
+    return text + "\n[phases]\nfaults = []\n"
 
 
 async def scrape(url: str) -> dict[str, float]:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import ROOT, running_sim, start_sim_process
+from support import ROOT, only_phases, running_sim, start_sim_process
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from loadgen.eval.conformance import CHECKS, MARKS, Target, conformance_table, run_checks
@@ -133,31 +133,7 @@ def test_probe_api_of_a_dead_url_is_one_line_and_exit_2():
     assert "Traceback" not in done.stderr
 
 
-ONLY_CONFORMANCE = """
-version = 1
-[phases.baseline]
-enabled = false
-[phases.ramp]
-enabled = false
-[phases.long_tail]
-enabled = false
-[phases]
-faults = []
-[phases.leaks]
-enabled = false
-[phases.efficiency]
-enabled = false
-[phases.batch]
-enabled = false
-[phases.context]
-enabled = false
-[phases.interference]
-enabled = false
-[phases.memory]
-enabled = false
-[phases.scaling]
-enabled = false
-"""
+ONLY_CONFORMANCE = only_phases("version = 1\n[phases.conformance]\n")
 
 
 def test_the_eval_phase_keeps_a_row_per_check(sim_process, tmp_path):

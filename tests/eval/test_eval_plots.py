@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from matplotlib.patches import Rectangle
-from support import ROOT
+from support import ROOT, only_phases
 
 from loadgen.analysis.report import analyze_dir, figures
 from loadgen.eval.battery import resumed
@@ -27,7 +27,7 @@ from loadgen.run.config import RunConfig
 
 pytestmark = pytest.mark.timeout(300)
 
-PLAN = """
+PLAN = only_phases("""
 version = 1
 slo = "ttft<2s,error_rate<50%"
 fault_settle = "5s"  # the simulator recovers at once: the least a plan may say
@@ -40,22 +40,6 @@ output_tokens = 128
 steps = [1, 2, 4]
 step_duration = "2s"
 step_warmup = "0.5s"
-[phases.long_tail]
-enabled = false
-[phases.leaks]
-enabled = false
-[phases.efficiency]
-enabled = false
-[phases.batch]
-enabled = false
-[phases.context]
-enabled = false
-[phases.interference]
-enabled = false
-[phases.memory]
-enabled = false
-[phases.scaling]
-enabled = false
 [[phases.faults]]
 at = "1s"
 fault = "latency"
@@ -70,7 +54,7 @@ at = "8s"
 fault = "reset"
 probability = 1.0
 for = "1s"
-"""
+""")
 
 
 @pytest.fixture(scope="module")

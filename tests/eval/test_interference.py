@@ -22,7 +22,7 @@ import numpy as np
 import psutil
 import pytest
 from hdrh.histogram import HdrHistogram
-from support import ROOT
+from support import ROOT, only_phases
 
 from loadgen.eval import interference
 from loadgen.eval.results import read_eval
@@ -30,23 +30,13 @@ from loadgen.eval.results import read_eval
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
                                 reason="pinning needs two cores")
 
-PLAN = """
+PLAN = only_phases("""
 version = 1
-[phases]
-faults = []
-[phases.conformance]
-enabled = false
 [phases.baseline]
 enabled = false
 concurrency = 4
 input_tokens = 32
 output_tokens = 16
-[phases.ramp]
-enabled = false
-[phases.batch]
-enabled = false
-[phases.context]
-enabled = false
 [phases.interference]
 enabled = true
 neighbors = ["cpu", "memory", "disk"]
@@ -54,17 +44,7 @@ duration = "2s"
 warmup = "0.5s"
 memory_mb = 100000000
 disk_block_kb = 64
-[phases.long_tail]
-enabled = false
-[phases.leaks]
-enabled = false
-[phases.memory]
-enabled = false
-[phases.efficiency]
-enabled = false
-[phases.scaling]
-enabled = false
-"""
+""")
 # two children in the command's group, told apart from anyone else's by their lengths
 COMMAND = "sleep 41.7 & sleep 42.3 & wait"
 EVAL_TIMEOUT_S = 60.0

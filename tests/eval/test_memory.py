@@ -13,16 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import FAST, ROOT, tokentop
+from support import FAST, ROOT, only_phases, tokentop
 
 from loadgen.sim import SimConfig, start_sim
 
 PLAN = """
 version = 1
-[phases]
-faults = []
-[phases.conformance]
-enabled = false
 [phases.baseline]
 enabled = {baseline}
 concurrency = 2
@@ -30,24 +26,7 @@ duration = "2s"
 warmup = "0.5s"
 input_tokens = 16
 output_tokens = 8
-[phases.ramp]
-enabled = false
-[phases.batch]
-enabled = false
-[phases.context]
-enabled = false
-[phases.interference]
-enabled = false
-[phases.long_tail]
-enabled = false
-[phases.leaks]
-enabled = false
 [phases.memory]
-enabled = true
-[phases.efficiency]
-enabled = false
-[phases.scaling]
-enabled = false
 """
 
 CASES: dict[str, tuple[SimConfig, list[str], bool]] = {
@@ -72,7 +51,7 @@ async def _eval(tmp: Path, name: str, cfg: SimConfig, flags: list[str],
     sim = await start_sim(cfg, host="127.0.0.1", port=0)
     try:
         plan = tmp / f"{name}.toml"
-        plan.write_text(PLAN.format(baseline="true" if baseline else "false"))
+        plan.write_text(only_phases(PLAN.format(baseline="true" if baseline else "false")))
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tui.cli", "eval", "--url", sim.url, "--model",
             cfg.model_name, "--plan", str(plan), "--out", str(tmp / name), "--headless",

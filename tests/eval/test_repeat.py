@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import ROOT
+from support import ROOT, only_phases
 
 from loadgen.eval.matrix import interval
 
 pytestmark = pytest.mark.timeout(300)
 
-PLAN = """
+PLAN = only_phases("""
 version = 1
 slo = "ttft<2s,ttft_p99<4s"
 repeat = 2
@@ -33,25 +33,7 @@ output_tokens = "uniform:8:24"
 steps = [1, 2]
 step_duration = "1.5s"
 step_warmup = "0.3s"
-[phases.long_tail]
-enabled = false
-[phases.leaks]
-enabled = false
-[phases.efficiency]
-enabled = false
-[phases.scaling]
-enabled = false
-[phases.batch]
-enabled = false
-[phases.context]
-enabled = false
-[phases.interference]
-enabled = false
-[phases.memory]
-enabled = false
-[phases]
-faults = []
-"""
+""")
 
 
 def t_quantile(p: float, df: int) -> float:

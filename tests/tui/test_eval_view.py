@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from rich.cells import cell_len
-from support import ROOT
+from support import ROOT, only_phases
 
 from loadgen.eval.eval_process import EvalProcess, EvalProgress, progress_now
 from loadgen.eval.phases import ABOUT, PHASES
@@ -32,8 +32,7 @@ RAMP_S = 2 * (1.5 + 0.25)  # two steps, each its duration and warm-up
 PLAN = """
 version = 1
 slo = "ttft<2s,error_rate<50%"
-[phases]
-faults = []
+[phases.conformance]
 [phases.baseline]
 concurrency = 2
 duration = "2s"
@@ -48,16 +47,8 @@ step_warmup = "0.25s"
 fraction = 0.5
 duration = "{tail}s"
 bucket = "1s"
-[phases.scaling]
-enabled = false
-[phases.batch]
-enabled = false
-[phases.context]
-enabled = false
-[phases.interference]
-enabled = false
-[phases.memory]
-enabled = false
+[phases.leaks]
+[phases.efficiency]
 """
 DEADLINE_S = 120.0
 # the phases that put load on the server in this plan (seconds each), by their number
@@ -66,7 +57,7 @@ LOADING = tuple(PHASES.index(p) + 1 for p in ("baseline", "ramp", "long_tail"))
 
 def _plan(tmp: Path, tail: float = 3.0) -> Path:
     path = tmp / "plan.toml"
-    path.write_text(PLAN.format(tail=tail))
+    path.write_text(only_phases(PLAN.format(tail=tail)))
     return path
 
 
@@ -228,7 +219,7 @@ async def test_the_eval_stops_when_the_console_goes_away(tmp_path: Path) -> None
 
 
 def _only_baseline(tmp: Path) -> Path:
-    text = PLAN.format(tail=3.0)
+    text = only_phases(PLAN.format(tail=3.0))
     for phase in ("ramp", "long_tail"):
         text = text.replace(f"[phases.{phase}]\n", f"[phases.{phase}]\nenabled = false\n")
     path = tmp / "plan.toml"
