@@ -53,7 +53,12 @@ from loadgen.run.secrets import Secrets
 from loadgen.run.steering import Steering, TraceProgress
 from loadgen.sim.presets import describe
 from loadgen.worker import wire
-from loadgen.worker.limits import FD_MARGIN, raise_open_file_limit, streams_that_fit
+from loadgen.worker.limits import (
+    FD_MARGIN,
+    one_blas_thread,
+    raise_open_file_limit,
+    streams_that_fit,
+)
 from probes.gpu import GpuProbe
 from probes.host import HostProbe
 from probes.process import ProcessProbe, local_port
@@ -216,6 +221,7 @@ class Coordinator:
         # the credential goes down each worker's control pipe, never into its environment
         # (where `ps e` would show it)
         env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+        one_blas_thread(env)  # a worker imports numpy: see loadgen.worker.limits
         n = self.pool.n
         configure = [
             wire.Configure(

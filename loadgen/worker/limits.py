@@ -5,15 +5,32 @@ is the client, not the server: so the soft limit is raised to the hard one at st
 (in the run and in every worker), a load that still cannot fit is refused up front in
 words, and running into the limit later is the error kind `client_fd_limit`, never
 an outage of the server.
+
+And one BLAS thread: numpy's OpenBLAS starts a thread a core as numpy is imported, and
+those threads spin before they sleep (about 80 ms of CPU a process measured on a 2-core
+box, unpinned), while nothing here multiplies matrices (`one_blas_thread`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import resource
+from collections.abc import MutableMapping
 
 FD_MARGIN = 64  # descriptors a worker needs besides its streams' sockets (pipes, loop, files)
 _UNLIMITED_TARGET = 1 << 20  # where the hard limit is "unlimited", raise the soft one to this
+
+# what OpenBLAS reads for its thread count, in its order: one set by the user is kept
+_BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def one_blas_thread(env: MutableMapping[str, str]) -> None:
+    """Ask for one OpenBLAS thread in `env` (os.environ before numpy is imported, or a
+    child's environment), unless the user chose a count. The run and its workers use
+    numpy for histograms and small vectors only, which OpenBLAS runs on one thread
+    anyway: only the idle threads' start-up spin goes."""
+    if not any(k in env for k in _BLAS_THREADS):
+        env["OPENBLAS_NUM_THREADS"] = "1"
 
 
 def raise_open_file_limit() -> int:

@@ -79,3 +79,59 @@ def test_sim_and_calibrate_load_no_console_plots_sdk_or_mqtt(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     assert loaded(modules, NEVER) == []
+
+
+# runs `tokentop ARGS…` in this process and, at its exit, writes what the start-up left set
+_RUN_STATE = """
+import atexit, gc, json, os, sys
+out = sys.argv[1]
+atexit.register(lambda: open(out, "w").write(json.dumps({
+    "blas": os.environ.get("OPENBLAS_NUM_THREADS"), "omp": os.environ.get("OMP_NUM_THREADS"),
+    "gc": gc.isenabled(), "frozen": gc.get_freeze_count()})))
+from tui.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("omp", [None, "3"])
+def test_a_headless_run_starts_one_blas_thread_and_collects_again(sim_url, tmp_path, omp):
+    """numpy's OpenBLAS would start a spinning thread a core (CPU for nothing: the run does
+    not multiply matrices), unless the user chose a count; collection is off only while
+    the run's modules load (loadgen.worker.limits, tui.commands.console)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")}
+    if omp:
+        env["OMP_NUM_THREADS"] = omp
+    state = tmp_path / "state.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN_STATE, str(state), "run", "--headless", "--url", sim_url,
+         "-c", "1", "--duration", "0.3", "--output-tokens", "8", "--out", str(tmp_path / "run")],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, env=env)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(state.read_text())
+    assert (got["blas"], got["omp"]) == ((None, omp) if omp else ("1", None))
+    assert got["gc"] is True and got["frozen"] > 0
+
+
+def test_one_blas_thread_keeps_a_count_the_user_chose():
+    from loadgen.worker.limits import one_blas_thread
+
+    for chosen in ({"OPENBLAS_NUM_THREADS": "4"}, {"GOTO_NUM_THREADS": "2"},
+                   {"OMP_NUM_THREADS": "8"}):
+        env = dict(chosen)
+        one_blas_thread(env)
+        assert env == chosen
+    env = {"PATH": "/bin"}
+    one_blas_thread(env)
+    assert env == {"PATH": "/bin", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def test_importing_the_worker_module_leaves_collection_on():
+    """Only the worker process (`python -m loadgen.worker.main`) holds collection off while
+    it imports; a test or tool that imports the module is left as it was."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import gc, loadgen.worker.main; print(gc.isenabled())"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "True", proc.stderr

@@ -10,6 +10,8 @@ The run itself is a RunConfig plus its Secrets; the two functions that start one
 from __future__ import annotations
 
 import argparse
+import gc
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -94,8 +96,19 @@ def _publish_to(args: argparse.Namespace) -> tuple[PublishTo, str | None]:
 
 
 def _headless(args: argparse.Namespace) -> int:
-    from loadgen.run.headless import run_headless
-    from loadgen.worker import eventloop
+    from loadgen.worker.limits import one_blas_thread
+
+    one_blas_thread(os.environ)  # before numpy loads: its idle BLAS threads cost CPU
+    # No collection while the run's modules load: they allocate tens of thousands of objects,
+    # none garbage, and the collections that set off were ~60 ms of a headless start-up's
+    # CPU. What is loaded is frozen (later collections pass it by), then collection resumes.
+    gc.disable()
+    try:
+        from loadgen.run.headless import run_headless
+        from loadgen.worker import eventloop
+    finally:
+        gc.freeze()
+        gc.enable()
 
     if args.broker:
         fail("--publish is for the console; a headless run that publishes is `tokentop agent`")
