@@ -233,3 +233,26 @@ async def test_usage_on_the_last_text_chunk_is_the_final_count_not_that_chunks(l
     assert counters.estimated_itl_tokens == 0
     assert v.min() >= 0.5 * LLAMA_GAP_S * 1e6, v.min()
     assert counters.input_tokens == 2 * 17
+
+
+def test_a_chunk_texts_pieces_are_the_patterns_count_whether_kept_or_not(monkeypatch):
+    """pieces() keeps short texts' counts (perf): each kept count is the one the pattern
+    gives, asked once or again; long texts are not kept, and the store stays bounded."""
+    import re
+
+    from loadgen.worker import stream_measure as sm
+
+    # the truth: GPT-2's pre-split pattern, written out here, not the module's compiled one
+    truth = re.compile(r" ?(?:[^\W\d_]+|\d{1,3}|[^\w\s]+|_+)|\s+")
+    monkeypatch.setattr(sm, "_PIECES", {})
+    monkeypatch.setattr(sm, "PIECES_KEPT", 50)
+    texts = [" minim", "minim", ",", " 123", "12345", "don't", " ½", "é", " naïve", "\n\n",
+             "__init__", "a b c", " ", "日本語", "x" * 40, " hello world, 2024!", ""]
+    rng = np.random.default_rng(7)
+    alphabet = list(" abcXYZ019_,.!?'é½\n\t日")
+    texts += ["".join(rng.choice(alphabet, rng.integers(1, 12))) for _ in range(300)]
+    for _ in range(2):  # asked again: the kept count
+        for text in texts:
+            assert sm.pieces(text) == (len(truth.findall(text)) or 1), repr(text)
+            assert len(sm._PIECES) <= 50
+    assert "x" * 40 not in sm._PIECES
