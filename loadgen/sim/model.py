@@ -1,8 +1,9 @@
 """The engine model: continuous batching over a slot limit and a KV-cache budget.
 
 One asyncio task per server runs the engine loop. Each step it admits waiting
-requests (FIFO) while a slot is free and the request's context + 1 fits in the
-free KV budget, preempts the newest running request while the batch's decode
+requests (in arrival order, or by `priority` under that policy) while a slot is
+free and the request's context + 1 fits in the free KV budget, preempts the
+newest running request (the least urgent, by priority) while the batch's decode
 growth does not fit, spends `prefill_chunk_tokens` of chunked prefill, sleeps
 for the step's modelled duration, and then every decoding sequence emits one
 token. A sequence whose prefill completes in a step emits its first token at
@@ -36,6 +37,8 @@ MAX_CATCH_UP_S = 0.05
 
 # The engines whose /metrics the simulator can speak (loadgen.sim.dialects renders each).
 DIALECTS = ("vllm", "sglang", "tgi", "llamacpp", "trtllm", "triton")
+# vLLM's --scheduling-policy: first come first served, or the lowest `priority` first
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass
@@ -81,6 +84,10 @@ class SimConfig:
     # starts, not here, so a recorded config whose file has gone still decodes.
     tokenizer: str | None = None
     metrics_dialect: str = "vllm"  # vllm | sglang | tgi | llamacpp | trtllm | triton
+    # "fcfs": the queue in arrival order, and a request naming a nonzero `priority` refused
+    # (400, as vLLM without the policy); "priority": the waiting request of the lowest
+    # priority admitted first (ties by arrival) and the running one of the highest preempted
+    scheduling_policy: str = "fcfs"
     faults: FaultConfig = field(default_factory=FaultConfig)
     # the simulated GPU(s); memory and power are per GPU, weights and KV split over them
     gpu_name: str = "Simulated H100 80GB HBM3"
@@ -139,6 +146,8 @@ class SimConfig:
             raise ValueError(f"kv_leak_fraction must be 0..1, not {self.kv_leak_fraction}")
         if self.metrics_dialect not in DIALECTS:
             raise ValueError(f"metrics_dialect must be one of {', '.join(DIALECTS)}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}")
         for name in ("step_overhead_ms", "decode_ms_per_seq", "prefill_ms_per_token",
                      "reasoning_tokens"):
             if getattr(self, name) < 0:
@@ -177,6 +186,7 @@ class Sequence:
         "last_token_t",
         "offset",
         "prefill_left",
+        "priority",
         "prompt_tokens",
         "state",
         "target",
@@ -186,6 +196,7 @@ class Sequence:
 
     def __init__(self, prompt_tokens: int, target: int, target_reason: str, now: float) -> None:
         self.prompt_tokens = prompt_tokens
+        self.priority = 0  # under the priority policy, the lowest is served first
         self.target = target  # tokens this request will produce
         self.target_reason = target_reason  # "stop" or "length", once target is reached
         self.generated = 0
@@ -296,13 +307,15 @@ class BatchModel:
     def submit(
         self, prompt_tokens: int, max_tokens: int | None, ignore_eos: bool, *, stream: bool,
         cached: int = 0, asked: features.Asked | None = None, choice: int = 0,
+        priority: int = 0,
     ) -> Sequence:
         """Queue a request (`cached`: its prompt tokens the prefix cache serves; `asked`: its
-        key, min_tokens and stops; `choice`: which of its n); raises ContextLengthError when
-        it could never fit."""
+        key, min_tokens and stops; `choice`: which of its n; `priority`: its rank under the
+        priority policy); raises ContextLengthError when it could never fit."""
         seq = self.planned(prompt_tokens, max_tokens, ignore_eos, asked, choice, self.now())
         seq.every_token = stream
         seq.cached = cached
+        seq.priority = priority
         self.metrics.arrived += 1
         self._waiting.append(seq)
         # Admit now when a slot is free and it fits: num_requests_waiting then counts only
@@ -437,13 +450,14 @@ class BatchModel:
 
     def _admit(self, now: float) -> None:
         cfg = self.cfg
+        by_priority = cfg.scheduling_policy == "priority"
         while self._waiting and len(self._running) < cfg.slots:
-            seq = self._waiting[0]
+            seq = min(self._waiting, key=_rank) if by_priority else self._waiting[0]
             context = seq.prompt_tokens + seq.generated
             need = context + 1  # room for the token the prefill produces
             if self._kv_used + self._growth + need > cfg.kv_tokens:
-                break  # FIFO: nobody overtakes the head of the queue
-            self._waiting.popleft()
+                break  # nobody overtakes the head of the queue (its order's head)
+            self._waiting.remove(seq)
             seq.state = PREFILL
             seq.kv = need
             self._kv_used += need
@@ -466,7 +480,8 @@ class BatchModel:
                 decoding += 1
         # Each decoding sequence grows by one KV token this step; prefilling ones reserved theirs.
         while self._kv_used + decoding > cfg.kv_tokens and len(running) > 1:
-            seq = running.pop()
+            # the newest goes back to the queue; under the priority policy, the least urgent
+            seq = running.pop() if cfg.scheduling_policy != "priority" else _pop_last(running)
             if seq.state == DECODE:
                 decoding -= 1
             self._preempt(seq)
@@ -554,6 +569,18 @@ class BatchModel:
         self.metrics.finished(seq.target_reason, seq.prompt_tokens, seq.generated)
         self.metrics.e2e.observe(now - seq.arrived_t)
         _resolve(seq)
+
+
+def _rank(seq: Sequence) -> tuple[int, float]:
+    """A sequence's place under the priority policy: the lowest priority, then the oldest."""
+    return seq.priority, seq.arrived_t
+
+
+def _pop_last(running: list[Sequence]) -> Sequence:
+    """The running sequence the priority policy gives up first (the last by _rank)."""
+    seq = max(running, key=_rank)
+    running.remove(seq)
+    return seq
 
 
 def _resolve(seq: Sequence) -> None:

@@ -56,6 +56,8 @@ class CompletionRequest:
     include_usage: bool
     continuous_usage: bool
     cached_tokens: int | None = None  # served from the prefix cache (None: no cache)
+    priority: int = 0  # vLLM's field: under the priority policy, the lowest goes first
+    first_token_t: float | None = None  # loop.time() its first token was written (streams)
     asked: Asked = field(default_factory=Asked)  # stop, n, seed … (features.py)
 
 
@@ -90,7 +92,17 @@ def parse_request(body: Any, *, chat: bool, template_tokens: int = 0,
         include_usage=include_usage,
         continuous_usage=include_usage and flag(options, "continuous_usage_stats"),
         asked=extras,
+        priority=_priority(body),
     )
+
+
+def _priority(body: dict[str, Any]) -> int:
+    value = body.get("priority")
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RequestError(400, "`priority` must be an integer.")
+    return value
 
 
 def _prompt_tokens(body: dict[str, Any], chat: bool, template_tokens: int,

@@ -5,7 +5,8 @@ request may say is request.py's, the chunks' bytes chunks.py's), GET /v1/models,
 /metrics (vLLM names, or another engine's with `--metrics-dialect`: dialects.py),
 /sim/gpu (the simulated GPU), and GET/POST /sim/faults (fault settings and injected
 counts; POST from loopback peers only, see faults.py), GET /sim/arrivals (each completion
-request's arrival time, loopback peers only), and, with a tokenizer
+request's arrival time) and GET /sim/requests (what each carried and when its first token
+went out), loopback peers only, and, with a tokenizer
 (`SimConfig.tokenizer`), POST /tokenize in vLLM's and llama.cpp's shapes. What a request
 may ask beyond its lengths (stop, n, seed, logprobs, response_format, tools), and the
 features `SimConfig.broken` makes it lack, are features.py's.
@@ -64,6 +65,9 @@ def is_loopback(remote: str | None) -> bool:
 
 
 ARRIVALS_KEPT = 100_000  # arrival times kept for GET /sim/arrivals (a deque of floats: 3.2 MB full)
+REQUESTS_KEPT = 20_000  # requests kept for GET /sim/requests (tuples of six: ~3 MB full)
+SERVED_FIELDS = ("arrived_s", "priority", "prompt_tokens", "max_tokens", "first_token_s",
+                 "status")
 
 
 class SimServer:
@@ -92,6 +96,8 @@ class SimServer:
         # loop.time() (CLOCK_MONOTONIC) of each completion request's arrival, the newest
         # ARRIVALS_KEPT: the arrival process as the server saw it (GET /sim/arrivals)
         self.arrivals: deque[float] = deque(maxlen=ARRIVALS_KEPT)
+        # the newest REQUESTS_KEPT parsed requests, as SERVED_FIELDS (GET /sim/requests)
+        self.served: deque[tuple] = deque(maxlen=REQUESTS_KEPT)
         self.scrapes: dict[str, Any] = {}  # what the last /metrics saw, for per-scrape gauges
         self.app = self._app()
 
@@ -109,6 +115,7 @@ class SimServer:
             web.get("/sim/faults", self.get_faults),
             web.post("/sim/faults", self.post_faults),
             web.get("/sim/arrivals", self._arrivals),
+            web.get("/sim/requests", self._requests),
         ]
         if self.tokens is not None:  # a server without a tokenizer has no such endpoint
             routes.append(web.post("/tokenize", self._tokenize))
@@ -154,15 +161,31 @@ class SimServer:
         # faults follows the order in which requests came
         fault = self.faults.draw(stream=req.stream)
         self.inflight += 1
+        resp: web.StreamResponse | None = None
         try:
-            refused = await self._before_first_byte(fault)
-            if refused is not None:
-                return refused
-            if self.cfg.exact:
-                return await respond_exact(self, request, req, arrived, chat=chat)
-            return await self._scheduled(request, req, fault, chat=chat)
+            resp = await self._answer(request, req, fault, arrived, chat=chat)
+            return resp
         finally:
             self.inflight -= 1
+            self._record(req, arrived, resp)
+
+    async def _answer(self, request: web.Request, req: CompletionRequest, fault: str | None,
+                      arrived: float, *, chat: bool) -> web.StreamResponse:
+        refused = await self._before_first_byte(fault)
+        if refused is not None:
+            return refused
+        if self.cfg.exact:
+            return await respond_exact(self, request, req, arrived, chat=chat)
+        return await self._scheduled(request, req, fault, chat=chat)
+
+    def _record(self, req: CompletionRequest, arrived: float,
+                resp: web.StreamResponse | None) -> None:
+        """One served request as GET /sim/requests tells it (status None: the client left
+        before an answer; first_token_s None: not streamed through the scheduler)."""
+        first = None if req.first_token_t is None else req.first_token_t - arrived
+        status = None if resp is None else resp.status
+        self.served.append((arrived, req.priority, req.prompt_tokens, req.max_tokens, first,
+                            status))
 
     def refuse(self, status: int, message: str, kind: str) -> web.Response:
         """A refusal in OpenAI's shape; a 4xx is a 500 when "errors" is broken."""
@@ -186,6 +209,9 @@ class SimServer:
             return self.refuse(exc.status, str(exc), exc.kind)
         if req.model != self.cfg.model_name:
             return self.refuse(404, f"The model `{req.model}` does not exist.", "NotFoundError")
+        if req.priority != 0 and self.cfg.scheduling_policy != "priority":
+            return self.refuse(400, f"Got priority {req.priority} but Priority scheduling is "
+                               "not enabled.", "BadRequestError")
         if req.asked.n > 1 and self.cfg.exact:
             return self.refuse(400, "`n` > 1 is not served in exact-timing mode.",
                                "BadRequestError")
@@ -223,6 +249,7 @@ class SimServer:
                 seqs.append(self.engine.submit(
                     req.prompt_tokens, req.max_tokens, req.ignore_eos, stream=req.stream,
                     cached=req.cached_tokens or 0, asked=req.asked, choice=i,
+                    priority=req.priority,
                 ))
         except ContextLengthError as exc:
             return self.refuse(400, str(exc), "BadRequestError")
@@ -277,6 +304,8 @@ class SimServer:
                     data = writer.empty(generated) if empty else writer.tokens(sent, generated)
                     sent = generated
                     await resp.write(data)
+                    if req.first_token_t is None:
+                        req.first_token_t = engine.now()
                 elif seq.done:
                     break
             if seq.finish_reason == "abort":
@@ -438,6 +467,16 @@ class SimServer:
                 403, "Arrival times are only served to loopback.", "PermissionDeniedError"
             )
         return web.json_response(list(self.arrivals))
+
+    async def _requests(self, request: web.Request) -> web.Response:
+        """The latest requests served, each as SERVED_FIELDS (arrived_s on CLOCK_MONOTONIC,
+        first_token_s after it): what the load carried, as this server read it. Loopback
+        peers only."""
+        if not is_loopback(request.remote):
+            return error_response(
+                403, "Served requests are only shown to loopback.", "PermissionDeniedError"
+            )
+        return web.json_response([dict(zip(SERVED_FIELDS, r, strict=True)) for r in self.served])
 
     # ---- faults
 
