@@ -46,6 +46,8 @@ from loadgen.model.snapshot import (
 )
 from loadgen.model.source import RunOutcome, SnapshotSource, SourceError, SourceStatus
 from loadgen.model.windows import WINDOWS, SnapshotWindows
+from loadgen.worker.distributions import WorkloadError
+from loadgen.worker.mix import parse_mix
 from themes import DEFAULT_THEME, MONO_THEME, THEME_NAMES, register_themes
 from tui.config import load_config, save_setting
 from tui.event_log import EventLog, Logged
@@ -198,6 +200,7 @@ class TokentopApp(App[None]):
         theme: str | None = None,
         refresh: float = 0.5,
         slo: str | None = None,
+        mix: list[str] | None = None,
         save_dir: Path | str | None = None,
     ) -> None:
         # Textual removes NO_COLOR from the environment in App.__init__: read it first
@@ -228,6 +231,7 @@ class TokentopApp(App[None]):
                 self.slos = parse_slos(slo)
             except SloError as e:
                 self._warnings.append(f"SLOs not shown: {e}")
+        self.class_slos = self._class_slos(mix or [])
         self.error: str | None = None
         self.ended = False  # the source's iterator finished (or failed)
         self.drawn_seq: int | None = None  # seq of the Snapshot on screen, for tests and debugging
@@ -385,6 +389,15 @@ class TokentopApp(App[None]):
 
     # ---------------------------------------------------------- derived state
 
+    def _class_slos(self, mix: list[str]) -> dict[str, Slos | None]:
+        """Each --mix class's SLOs, as its line is judged: its own, else the run's."""
+        try:
+            classes = parse_mix(mix)
+        except WorkloadError as e:
+            self._warnings.append(f"class SLOs not shown: {e}")
+            return {}
+        return {c.name: c.slos() if c.slo else self.slos for c in classes}
+
     def load_running(self) -> bool:
         snap = self.windows.last
         # a replay's recorded state is not a load this console could stop: q just quits
@@ -424,6 +437,9 @@ class TokentopApp(App[None]):
                     slos=self.slos, outage=self.outage,
                     dense=self.windows.dense(self.window),
                     error_events=tuple(self.error_events),
+                    classes={n: w.stats(self.window, SHOWN_METRICS)
+                             for n, w in self.windows.classes.items()},
+                    class_slos=self.class_slos,
                 )
             self.screen_stack[0].query_one(EventsPanel).show_log()
             for header in screen.query(HeaderBar):

@@ -35,3 +35,7 @@ class View:
     # the chosen window's summed histograms (dense counts, µs): read-only
     dense: Mapping[str, np.ndarray] = field(default_factory=dict)
     error_events: tuple[Event, ...] = ()
+    # --mix: each class's statistics over the chosen window, and the SLOs each is judged by
+    # (its own, else the run's), in the mix's order; empty without a mix
+    classes: Mapping[str, WindowStats] = field(default_factory=dict)
+    class_slos: Mapping[str, Slos | None] = field(default_factory=dict)

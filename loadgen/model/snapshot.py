@@ -340,6 +340,14 @@ class Event(msgspec.Struct, kw_only=True):
     seconds: float | None = None
 
 
+class ClassTick(msgspec.Struct, kw_only=True):
+    """One class of a mix (--mix) in a tick: its counters (cumulative, as the Snapshot's)
+    and its interval histograms, a part of the Snapshot's own, which are their sum."""
+
+    counters: Counters
+    hist: dict[str, str] = msgspec.field(default_factory=dict)
+
+
 class Snapshot(msgspec.Struct, kw_only=True):
     v: int = SNAPSHOT_VERSION
     run_id: str
@@ -358,6 +366,16 @@ class Snapshot(msgspec.Struct, kw_only=True):
     client: ClientSample = msgspec.field(default_factory=ClientSample)
     efficiency: Efficiency | None = None  # None: no energy counter (or not derived yet)
     events: list[Event] = msgspec.field(default_factory=list)
+    # --mix: each class by name, in the mix's order (empty: no mix, the run is one class)
+    classes: dict[str, ClassTick] = msgspec.field(default_factory=dict)
+
+    def of_class(self, name: str) -> Snapshot:
+        """This tick as class `name` alone saw it: its counters and histograms in place of
+        the run's, the rest as it is (no events: they are the run's), so that every reader
+        of Snapshots (windows, summaries, verdicts) reads a class as it reads a run."""
+        c = self.classes[name]
+        return msgspec.structs.replace(self, counters=c.counters, hist=c.hist, events=[],
+                                       classes={})
 
 
 class SnapshotVersionError(ValueError):

@@ -271,6 +271,9 @@ class SnapshotWindows:
         self._setting_since: Point | None = None
         self.last: Snapshot | None = None
         self._decoded = np.zeros(hdr.COUNTS_LEN, np.int64)  # every histogram decodes here
+        # --mix: each class's windows, fed the class's view of each tick (Snapshot.of_class),
+        # so a class is asked for its windows as the run is (empty: no mix)
+        self.classes: dict[str, SnapshotWindows] = {}
 
     def add(self, snap: Snapshot) -> None:
         interval = {m: _sparse(hdr.decode(blob, out=self._decoded))
@@ -291,6 +294,11 @@ class SnapshotWindows:
         self.last = snap
         if warmup_over:
             self.reset()
+        for name in snap.classes:
+            sub = self.classes.get(name)
+            if sub is None:
+                sub = self.classes[name] = SnapshotWindows()
+            sub.add(snap.of_class(name))
 
     def _note_setting(self, snap: Snapshot, point: Point, first: bool) -> None:
         ld = snap.load
@@ -306,6 +314,8 @@ class SnapshotWindows:
         """Forget everything so far (the `r` key): windows restart from now."""
         for r in self._rolling.values():
             r.reset()
+        for sub in self.classes.values():
+            sub.reset()
         self._counters.clear()
         if self.last is not None:
             point = Point(self.last.t, self.last.counters, self.last.elapsed, self._cache.total)

@@ -10,6 +10,7 @@ name is here, its value never.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from loadgen.sim.model import SimConfig
 from loadgen.worker.dataset import Dataset, DatasetError, check, longest_words
 from loadgen.worker.distributions import LengthDist, ThinkTime, WorkloadError
 from loadgen.worker.load import Arrivals
+from loadgen.worker.mix import TrafficClass, parse_mix
 from loadgen.worker.tokenizer import TOKENIZER_CHOICES, Lengths, TokenizerError, load_tokenizer
 from loadgen.worker.trace import TraceError, read_trace
 from loadgen.worker.wire import Cancelling, LoadSpec
@@ -118,6 +120,8 @@ class RunConfig(msgspec.Struct, kw_only=True):
     cancel_rate: float = 0.0
     cancel_at: str | None = None  # "20" tokens or "1.5s"
     slo: str | None = None  # "ttft<500ms,ttft_p99<1s,error_rate<1%": see parse_slos
+    # priority classes, one text a class as --mix takes it (loadgen.worker.mix); empty: none
+    mix: list[str] = msgspec.field(default_factory=list)
     # machinery
     workers: int = 0  # 0: cores - 1, at least 1
     tick: float = 0.5
@@ -147,6 +151,16 @@ class RunConfig(msgspec.Struct, kw_only=True):
         flags = self.sim_flags
         return flags[flags.index("--profile") + 1] if "--profile" in flags[:-1] else None
 
+    def embedded_sim(self, mix: list[str] | None = None) -> SimConfig:
+        """The embedded simulator's settings. A mix (--mix, else `mix`: an eval's classes)
+        that sends priorities gets one that schedules by them, as vLLM is started for such
+        a load (an fcfs server refuses a nonzero priority), unless --sim-arg chose."""
+        sim = self.sim or SimConfig()
+        chose = any(f.startswith("--scheduling-policy") for f in self.sim_flags)
+        if chose or not any(c.priority for c in parse_mix(self.mix or mix or [])):
+            return sim
+        return dataclasses.replace(sim, scheduling_policy="priority")
+
     def parsed(self) -> Parsed:
         return _parse(self)
 
@@ -174,6 +188,7 @@ class Parsed:
     think_time: ThinkTime
     trace_span: float | None = None  # --trace: seconds from its first request to its last
     body_fields: dict[str, Any] | None = None  # what the user adds to every body
+    mix: tuple[TrafficClass, ...] = ()  # --mix's classes (none: every request the run's)
 
     @property
     def slo(self) -> Slo | None:
@@ -200,6 +215,7 @@ class Parsed:
             trace_block_tokens=cfg.trace_block_tokens,
             output_from_dataset=_output_from_dataset(cfg),
             body_fields=dict(self.body_fields or {}),
+            classes=self.mix,
         )
 
 
@@ -220,15 +236,32 @@ def _parse(cfg: RunConfig) -> Parsed:
         if cfg.tokenizer not in TOKENIZER_CHOICES:
             load_tokenizer(cfg.tokenizer)  # a path that does not load fails now, in words
         # the file is read through now: a broken one fails here, in words, not in every worker
+        mix = parse_mix(cfg.mix)
+        longest = max([inp, *(c.input_tokens for c in mix if c.input_tokens)],
+                      key=longest_words)
         dataset = check(Dataset.parse(cfg.dataset, cfg.prompts_file),
-                        window_words=longest_words(inp) - 1 - cfg.shared_prefix)
+                        window_words=longest_words(longest) - 1 - cfg.shared_prefix)
     except (WorkloadError, DatasetError, RampError, SloError, TokenizerError) as e:
         raise ConfigError(str(e)) from None
     if _output_from_dataset(cfg) and dataset.kind != "sharegpt":
         raise ConfigError("--output-tokens dataset takes the reply lengths of a ShareGPT "
                           "dataset: give --dataset sharegpt:FILE")
+    fields = body_fields(cfg)
+    _check_mix(cfg, mix, fields)
     return Parsed(inp, out, ramp, slos, cancelling, dataset, think, _trace_span(cfg),
-                  body_fields(cfg))
+                  fields, mix)
+
+
+def _check_mix(cfg: RunConfig, mix: tuple[TrafficClass, ...], fields: dict[str, Any]) -> None:
+    """A mix with what it cannot go with, refused in words."""
+    if not mix:
+        return
+    if cfg.turns > 1 or cfg.trace is not None:
+        raise ConfigError("--mix draws each request's class: not with --turns (a "
+                          "conversation's turns) or --trace (its entries' own lengths)")
+    if "priority" in fields and any(c.priority is not None for c in mix):
+        raise ConfigError("priority is given twice: by --mix and in --extra-body; give it "
+                          "in --mix, each class its own")
 
 
 # the sampling parameters as flags: RunConfig's field, the body's key, the flag

@@ -32,6 +32,7 @@ from loadgen.model.notice import OPERATOR_STOP
 from loadgen.model.outage import OutageTracker, Stalled, Tick
 from loadgen.model.snapshot import (
     METRICS,
+    ClassTick,
     ClientSample,
     Control,
     Counters,
@@ -98,6 +99,12 @@ class Coordinator:
             msgspec.structs.replace(resume.counters, errors=dict(resume.counters.errors))
             if resume else Counters()
         )
+        # --mix: each class's totals, by name in the mix's order (carried on by a resume)
+        before = resume.class_counters if resume else {}
+        self.class_counters = {c.name: _copy(before[c.name]) if c.name in before
+                               else Counters() for c in self.parsed.mix}
+        self._class_hist: dict[str, dict[str, str]] = {}
+        self._class_dense = np.zeros(hdr.COUNTS_LEN, np.int64)  # one kept, as _tick_dense's
         self._events: list[Event] = []
         self._in_flight: dict[int, int] = {}
         self._backlog: dict[int, int] = {}
@@ -147,7 +154,7 @@ class Coordinator:
         self._check_open_files()
         self._session = aiohttp.ClientSession()
         if cfg.url is None:
-            self.sim = EmbeddedSim(cfg.sim)
+            self.sim = EmbeddedSim(cfg.embedded_sim())
             base = await self.sim.start()
         else:
             base = check_url(cfg.url)
@@ -402,6 +409,7 @@ class Coordinator:
             self._worker_cpu[r.index] = 100.0 * r.cpu_s / interval if interval > 0 else 0.0
             lag = max(lag, r.loop_lag_ms)
             self._note_errors(r)
+        self._merge_classes(reports)
         self._track_outage(t, interval, tick)
         # the last tick says every error still held back, so the events add up to the totals
         self._flush_error_events(t, everything=self.state == "stopped")
@@ -414,6 +422,22 @@ class Coordinator:
         self._tick_dense.update(dense)
         self._check_client(lag if reports else None, dense.get("itl"))
         return Merged(dense, lag if reports else None)
+
+    def _merge_classes(self, reports: list[wire.Report]) -> None:
+        """Each class's part of the workers' reports (--mix): its totals, and its tick's
+        histograms encoded at once (one kept array for them all)."""
+        self._class_hist = {}
+        scratch = self._class_dense
+        for i, (name, total) in enumerate(self.class_counters.items()):
+            sparse: dict[str, list] = {}
+            for r in reports:
+                if i < len(r.classes):
+                    part = r.classes[i]
+                    total.add(part.counters)
+                    for m, h in part.hists.items():
+                        sparse.setdefault(m, []).append(h.arrays())
+            self._class_hist[name] = {m: hdr.encode(hdr.dense_from_sparse(p, out=scratch))
+                                      for m, p in sparse.items() if m in METRICS}
 
     def _snapshot(self, seq: int, t: float, elapsed: float, interval: float,
                   merged: Merged) -> Snapshot:
@@ -447,14 +471,12 @@ class Coordinator:
                 loop_lag_ms=merged.lag_ms,
             ),
             events=events,
+            classes={name: ClassTick(counters=_copy(c), hist=self._class_hist.get(name, {}))
+                     for name, c in self.class_counters.items()},
         )
 
     def _counters_now(self) -> Counters:
-        """A copy of the run's counters that later ticks cannot change: a Snapshot is a
-        value (a struct copy alone would share the errors and the per-turn rows)."""
-        c = self.counters
-        return msgspec.structs.replace(c, errors=dict(c.errors),
-                                       turns=[msgspec.structs.replace(t) for t in c.turns])
+        return _copy(self.counters)
 
     def _load_state(self) -> LoadState:
         s = self.steer.spec
@@ -632,3 +654,10 @@ class Coordinator:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _copy(c: Counters) -> Counters:
+    """A copy of counters that later ticks cannot change: a Snapshot is a value (a struct
+    copy alone would share the errors and the per-turn rows)."""
+    return msgspec.structs.replace(c, errors=dict(c.errors),
+                                   turns=[msgspec.structs.replace(t) for t in c.turns])

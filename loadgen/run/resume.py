@@ -25,6 +25,8 @@ class ResumeFrom(msgspec.Struct, kw_only=True):
     seq: int  # the next Snapshot's seq
     elapsed: float  # seconds the run had lasted at its last Snapshot
     counters: Counters  # the totals at its last Snapshot
+    # --mix: each class's totals at its last Snapshot (empty: no mix)
+    class_counters: dict[str, Counters] = msgspec.field(default_factory=dict)
 
 
 def resumed(given: RunConfig) -> tuple[RunConfig, ResumeFrom]:
@@ -71,7 +73,8 @@ def read_resume(run_dir: Path | str, *,
     cfg.resume = str(run_dir)
     cfg.out = str(run_dir)
     resume = ResumeFrom(run_id=last.run_id, seq=last.seq + 1, elapsed=last.elapsed,
-                        counters=last.counters)
+                        counters=last.counters,
+                        class_counters={n: c.counters for n, c in last.classes.items()})
     return cfg, resume
 
 

@@ -18,10 +18,11 @@ import msgspec
 
 from loadgen import __version__
 from loadgen.model import units
-from loadgen.model.slo import evaluate_thresholds, parse_slos, rates_from
+from loadgen.model.slo import Slo, Slos, evaluate_thresholds, parse_slos, rates_from
 from loadgen.model.snapshot import ServerMetrics, Snapshot
 from loadgen.model.windows import SnapshotWindows, WindowStats
 from loadgen.run.config import RunConfig
+from loadgen.worker.mix import TrafficClass, judges_goodput, parse_mix
 from loadgen.worker.pacing import BACKOFF_FIRST_S, BACKOFF_MAX_S, RETRY_AFTER_MAX_S
 
 SUMMARY_FORMAT = 1  # of the --json summary; tokentop compare reads it
@@ -38,12 +39,8 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
     """The run window (after warm-up) as the --json summary."""
     run = windows.stats("run")
     last = windows.last
-    latency = {
-        m: {k: (None if v is None else (v * MS if k != "count" else v)) for k, v in s.items()}
-        for m, s in run.latency.items()
-        # TTFA exists for streams that reasoned only: absent, not an empty row, without them
-        if m != "ttfa" or s["count"]
-    }
+    latency = _latency_ms(run)
+    mix = parse_mix(cfg.mix)
     return {
         "format": SUMMARY_FORMAT,
         "tokentop_version": __version__,
@@ -77,13 +74,16 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
             "output_tok_s": run.output_tok_s,
             "input_tok_s": run.input_tok_s,
             "req_s": run.req_s,
-            # requests/s within every --slo limit (None when no --slo was given)
-            "goodput_req_s": run.goodput_req_s if cfg.slo else None,
+            # requests/s within every --slo limit (None when no --slo was given); with a
+            # --mix, each request within its class's limits (class_limits)
+            "goodput_req_s": run.goodput_req_s if judges_goodput(cfg.slo, mix) else None,
             # what one user sees stream in: 1 / TPOT request by request, its median and slow
             # tail (p10); the console's user tok/s is the same (windows.per_user_tok_s)
             "per_user_tok_s": run.user_tok_s,
         },
         "latency_ms": latency,
+        # --mix: a row per class, in the mix's order, its figures over the same window
+        **_classes(mix, windows, run, parse_slos(cfg.slo).per_request),
         # reasoning models: present only when some completed request reasoned
         **_reasoning(run),
         # prefix caching, where the server reported it; multi-turn conversations by turn
@@ -104,11 +104,68 @@ def build_summary(cfg: RunConfig, windows: SnapshotWindows) -> dict:
     }
 
 
+def _latency_ms(run: WindowStats) -> dict:
+    """A window's latency summaries in ms (counts as they are)."""
+    return {
+        m: {k: (None if v is None else (v * MS if k != "count" else v)) for k, v in s.items()}
+        for m, s in run.latency.items()
+        # TTFA exists for streams that reasoned only: absent, not an empty row, without them
+        if m != "ttfa" or s["count"]
+    }
+
+
+def _classes(mix: tuple[TrafficClass, ...], windows: SnapshotWindows, run: WindowStats,
+             run_limits: Slo | None) -> dict:
+    """{"classes": [a row per --mix class]} over the run window, else {}: what each class
+    was asked to be and what it got, its share of the requests as sent beside its share as
+    asked."""
+    if not mix:
+        return {}
+    total = run.requests_ok + run.requests_failed
+    rows = []
+    for c in mix:
+        limits = c.per_request or run_limits
+        sub = windows.classes.get(c.name)
+        s = sub.stats("run") if sub is not None else None
+        n = (s.requests_ok + s.requests_failed) if s else 0
+        rows.append({
+            "name": c.name,
+            "share_asked": c.share,
+            "share_sent": round(n / total, 4) if total else None,
+            "priority": c.priority,
+            "slo": c.slo,
+            "requests": {"ok": s.requests_ok if s else 0,
+                         "failed": s.requests_failed if s else 0,
+                         "cancelled": s.requests_cancelled if s else 0,
+                         "errors": s.errors if s else {}},
+            "tokens": {"output": s.output_tokens if s else 0,
+                       "input": s.input_tokens if s else 0},
+            "throughput": {
+                "output_tok_s": s.output_tok_s if s else None,
+                "req_s": s.req_s if s else None,
+                # None where neither the class nor the run set per-request limits
+                "goodput_req_s": s.goodput_req_s if s and limits else None,
+            },
+            "limits": limits.text if limits else None,  # what its goodput was judged by
+            "latency_ms": _latency_ms(s) if s else {},
+        })
+    return {"classes": rows}
+
+
 def thresholds(cfg: RunConfig, windows: SnapshotWindows,
                stability: dict | None = None) -> list[dict]:
     """The --slo whole-run thresholds judged on the run window (after warm-up); the
-    stability ones (`availability>99.9%`, `outages<1`) on the run's `stability`."""
-    slos = parse_slos(cfg.slo)
+    stability ones (`availability>99.9%`, `outages<1`) on the run's `stability`; then each
+    --mix class's own (`slo=ttft_p99<200ms`) on that class's requests alone."""
+    out = _judged(parse_slos(cfg.slo), windows, stability)
+    for c in parse_mix(cfg.mix):
+        sub = windows.classes.get(c.name)
+        for t in _judged(c.slos(), sub or SnapshotWindows(), None):
+            out.append(t | {"class": c.name, "shown": f"{c.name}: {t['shown']}"})
+    return out
+
+
+def _judged(slos: Slos, windows: SnapshotWindows, stability: dict | None) -> list[dict]:
     if not slos.thresholds:
         return []
     run = windows.stats("run")
@@ -259,9 +316,31 @@ def final_line(summary: dict) -> str:
     slo = (summary.get("config") or {}).get("slo")
     if goodput is not None and parse_slos(slo).per_request is not None:
         line += f" | goodput {units.rate(goodput, 'req/s')} within the --slo"
+    elif goodput is not None:  # judged by the --mix classes' limits alone
+        line += f" | goodput {units.rate(goodput, 'req/s')} within each class's SLO"
+    line += classes_text(summary.get("classes"))
     if summary.get("load_note"):  # an auto-ramp's exploration, after the settled figures
         line += f" | {summary['load_note']}"
     return line
+
+
+def classes_text(rows: list[dict] | None) -> str:
+    """The last line's word on each --mix class: its requests (ok, failed), its TTFT tail,
+    its goodput where it was judged for one."""
+    parts = []
+    for row in rows or []:
+        ttft = (row["latency_ms"].get("ttft") or {})
+        failed = row["requests"]["failed"]
+        part = f"{row['name']} {row['requests']['ok']} ok"
+        if failed:
+            part += f" {failed} failed"
+        if ttft.get("count"):
+            part += f", TTFT p99 {units.ms(units.us_of_ms(ttft['p99']))}"
+        goodput = row["throughput"]["goodput_req_s"]
+        if goodput is not None:
+            part += f", goodput {units.rate(goodput, 'req/s')}"
+        parts.append(part)
+    return " | classes: " + "; ".join(parts) if parts else ""
 
 
 def stability_text(stability: dict | None) -> str:

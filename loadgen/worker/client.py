@@ -99,7 +99,7 @@ class StreamingClient(RequestEnvelope[bytes]):
                 conn = self._kept()
                 reused = conn is not None
                 if conn is None:
-                    conn = await self._open()
+                    conn = await self._open(measure.rec)
                 outcome = await conn.send(payload, measure)
                 # A kept-alive connection the server had just closed: try once more,
                 # fresh. No byte came, so the measure is untouched and goes on as is.
@@ -111,7 +111,7 @@ class StreamingClient(RequestEnvelope[bytes]):
                 conn.abort()  # mid-answer: the connection cannot carry another request
             raise
         except OSError as e:
-            self._connect_error(e)
+            self._connect_error(e, measure.rec)
             return False
         self._classify(outcome, measure)
         if not conn.closed:
@@ -127,32 +127,32 @@ class StreamingClient(RequestEnvelope[bytes]):
                 return conn
         return None
 
-    async def _open(self) -> StreamConnection:
+    async def _open(self, rec: IntervalRecorder) -> StreamConnection:
         t = perf_counter()
         try:
             conn = await open_connection(self.endpoint, CONNECT_TIMEOUT_S)
         except TimeoutError:
             raise OSError(f"no connection within {CONNECT_TIMEOUT_S:g} s") from None
-        self.rec.connect.append((perf_counter() - t) * 1e6)
+        rec.connect.append((perf_counter() - t) * 1e6)
         return conn
 
-    def _connect_error(self, e: OSError) -> None:
+    def _connect_error(self, e: OSError, rec: IntervalRecorder) -> None:
         if e.errno in (errno.EMFILE, errno.ENFILE):  # our limit, not the server's fault
-            self.rec.error("client_fd_limit", f"no socket for a new stream: {_reason(e)} "
+            rec.error("client_fd_limit", f"no socket for a new stream: {_reason(e)} "
                            "(ulimit -n): lower the load or raise the limit")
         else:
-            self.rec.error("connect", f"cannot connect to {self.url}: {_reason(e)}")
+            rec.error("connect", f"cannot connect to {self.url}: {_reason(e)}")
 
     def _classify(self, out: Outcome, measure: StreamMeasure) -> None:
         if out.kind == "recorded":
             return
         if out.kind is not None:
-            self.rec.error(out.kind, out.message)
+            measure.rec.error(out.kind, out.message)
         elif out.status == 200:
             measure.finish()
         else:
             measure.retry_after = retry_after(out.status, out.headers)
-            self.rec.error(*http_error(out.status, out.headers, bytes(out.error_body)))
+            measure.rec.error(*http_error(out.status, out.headers, bytes(out.error_body)))
 
     def close(self) -> None:
         for conn in self._idle:

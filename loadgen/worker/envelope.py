@@ -71,6 +71,8 @@ class RequestEnvelope(Generic[P]):
         asked_out: int = 0,
         turn: Turn | None = None,
         pace: Backoff | None = None,
+        rec: IntervalRecorder | None = None,
+        slo: Slo | None = None,
     ) -> bool:
         """One streamed request; never raises except CancelledError (counted first).
 
@@ -78,10 +80,11 @@ class RequestEnvelope(Generic[P]):
         length asked exactly (a count that differs is counted); `turn`: a conversation's
         turn, which the measure fills in (its reply's text, whether it completed); `pace`:
         a closed-loop user's back-off, told how the request ended (a failure of any kind,
-        and the server's Retry-After), so that the user waits before its next one."""
+        and the server's Retry-After), so that the user waits before its next one; `rec`
+        and `slo`: its class's recorder and limits (--mix), else the client's."""
         payload = self._prepare(body)
         self.in_flight += 1
-        rec = self.rec
+        rec = rec or self.rec
         limit = self.timeout if cancel_after_s is None else min(self.timeout, cancel_after_s)
         # the wall stamp is taken beside t0, so the simulator's send stamps compare with it
         t0 = perf_counter()
@@ -89,7 +92,7 @@ class RequestEnvelope(Generic[P]):
         if t_intended is not None:
             rec.lag.append(max(0.0, (t0 - t_intended) * 1e6))
         measure = (StreamMeasure if turn is None else ConversationMeasure)(
-            rec, t0, prompt_words, t_intended=t_intended, slo=self.slo,
+            rec, t0, prompt_words, t_intended=t_intended, slo=slo or self.slo,
             t0_wall_ns=t0_ns, cancel_after_tokens=cancel_after_tokens,
             chunk_tokens=self.chunk_tokens, asked_out=asked_out, turn=turn,
         )

@@ -116,3 +116,20 @@ def _sparse(values: array, weights: array | None, counters: Counters) -> SparseH
     # a value above the range is recorded at its top: say how many, so none passes unseen
     counters.clipped_samples += clipped
     return SparseHist.of(idx, cnt)
+
+
+def merge_sparse(parts: list[dict[str, SparseHist]]) -> dict[str, SparseHist]:
+    """Sparse histograms of the same interval summed by metric (a mix's classes into the
+    worker's totals): each bucket once, its counts added exactly."""
+    out: dict[str, SparseHist] = {}
+    for name in {n for hists in parts for n in hists}:
+        given = [hists[name] for hists in parts if name in hists]
+        if len(given) == 1:
+            out[name] = given[0]
+            continue
+        arrays = [h.arrays() for h in given]
+        idx, inverse = np.unique(np.concatenate([a[0] for a in arrays]), return_inverse=True)
+        cnt = np.zeros(len(idx), np.int64)
+        np.add.at(cnt, inverse, np.concatenate([a[1] for a in arrays]))
+        out[name] = SparseHist.of(idx, cnt)
+    return out

@@ -23,12 +23,14 @@ import signal
 import sys
 import time
 
+from loadgen.model.snapshot import Counters
 from loadgen.worker import eventloop, wire
 from loadgen.worker.client import StreamingClient
 from loadgen.worker.conversation import Conversation
-from loadgen.worker.interval import IntervalRecorder
+from loadgen.worker.interval import IntervalRecorder, merge_sparse
 from loadgen.worker.limits import raise_open_file_limit
 from loadgen.worker.load import ClosedLoop, OpenLoop, Schedule, Stagger
+from loadgen.worker.mix import class_limits
 from loadgen.worker.pacing import Backoff
 from loadgen.worker.stream_measure import Turn
 from loadgen.worker.tokenizer import ChunkTokens
@@ -68,6 +70,11 @@ class Worker:
     def __init__(self, cfg: wire.Configure) -> None:
         self.cfg = cfg
         self.rec = IntervalRecorder()
+        # --mix: each class's requests recorded apart (the report sums them into the
+        # totals), with the class's own per-request limits, else the run's
+        classes = cfg.workload.classes
+        self.class_recs = [IntervalRecorder() for _ in classes]
+        self.class_slos = class_limits(classes, cfg.slo)
         self.lag = LagMeter()
         self.factory = RequestFactory(cfg.workload, cfg.index)
         self.rng = random.Random(cfg.workload.seed * 7919 + cfg.index)
@@ -151,11 +158,14 @@ class Worker:
                     turn: Turn | None = None, pace: Backoff | None = None) -> bool:
         c = self.cfg.cancelling
         abandon = c.rate > 0 and self.rng.random() < c.rate
+        classed = prep.cls >= 0
         return await self.client.request(
             prep.body, prep.asked, t_intended,
             cancel_after_tokens=c.after_tokens if abandon else None,
             cancel_after_s=c.after_s if abandon else None,
             asked_out=prep.asked_out, turn=turn, pace=pace,
+            rec=self.class_recs[prep.cls] if classed else None,
+            slo=self.class_slos[prep.cls] if classed else None,
         )
 
     def _backlog_overflow(self) -> None:
@@ -215,6 +225,9 @@ class Worker:
     def _report(self, seq: int) -> wire.Report:
         error_at = self.rec.error_at  # take() starts a fresh one
         counters, hists, errors = self.rec.take()
+        classes = self._take_classes(counters, errors, error_at)
+        if classes:
+            hists = merge_sparse([hists, *(c.hists for c in classes)])
         cpu = time.process_time()
         cpu_s, self._cpu_mark = cpu - self._cpu_mark, cpu
         return wire.Report(
@@ -231,7 +244,20 @@ class Worker:
             trace_sent=self.open.trace_sent,
             trace_total=len(self.trace) if self.trace is not None else 0,
             **self.client.stalled(time.perf_counter())._asdict(),
+            classes=classes,
         )
+
+    def _take_classes(self, counters: Counters, errors: dict[str, str],
+                      error_at: dict[str, float]) -> list[wire.ClassReport]:
+        """Each class's interval (--mix), its counts and errors added to the totals."""
+        out = []
+        for rec in self.class_recs:
+            error_at.update(rec.error_at)
+            c, h, e = rec.take()
+            counters.add(c)
+            errors.update(e)
+            out.append(wire.ClassReport(c, h))
+        return out
 
 
 def make_client(cfg: wire.Configure, url: str, rec: IntervalRecorder,

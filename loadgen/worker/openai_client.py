@@ -115,15 +115,15 @@ class OpenAIClient(RequestEnvelope[tuple[dict, dict | None]]):
         except openai.APIStatusError as e:
             headers = {k.lower().encode(): v.encode() for k, v in e.response.headers.items()}
             m.retry_after = retry_after(e.status_code, headers)
-            self.rec.error(*http_error(e.status_code, headers, e.response.content))
+            m.rec.error(*http_error(e.status_code, headers, e.response.content))
             return True
         except openai.APITimeoutError:
-            self.rec.error("timeout", f"no complete answer within {self.timeout:g} s")
+            m.rec.error("timeout", f"no complete answer within {self.timeout:g} s")
             return True
         except openai.APIConnectionError as e:
             return self._transport_error(m, f"{type(e).__name__}: {e.__cause__ or e}")
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            self.rec.error("malformed_chunk", f"bad chunk: {e}")
+            m.rec.error("malformed_chunk", f"bad chunk: {e}")
             return True
         except Exception as e:
             # the SDK's transport raises its own exception types mid-stream (they change
@@ -136,7 +136,7 @@ class OpenAIClient(RequestEnvelope[tuple[dict, dict | None]]):
     def _transport_error(self, m: StreamMeasure, message: str) -> bool:
         """A transport error: the stream broke if it had begun, else no connection (False:
         the server was not reached)."""
-        self.rec.error("stream_broken" if m.started else "connect", message)
+        m.rec.error("stream_broken" if m.started else "connect", message)
         return m.started
 
     def close(self) -> None:

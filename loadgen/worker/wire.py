@@ -92,6 +92,14 @@ class Stop(msgspec.Struct, tag="stop"):
     grace: float  # seconds in-flight requests may take to finish before they are cancelled
 
 
+class ClassReport(msgspec.Struct, array_like=True):
+    """One class of a mix (--mix) in a worker's report: what its requests counted and
+    measured this interval, a part of the report's own totals."""
+
+    counters: Counters
+    hists: dict[str, SparseHist]
+
+
 class Report(msgspec.Struct, tag="report", kw_only=True):
     index: int
     seq: int
@@ -113,6 +121,9 @@ class Report(msgspec.Struct, tag="report", kw_only=True):
     # unix time of each kind's last error this interval (the one last_errors quotes): the
     # error's event is dated when it happened, not when the coordinator made the event
     error_at: dict[str, float] = msgspec.field(default_factory=dict)
+    # --mix: each class's part of counters and hists, in the workload's class order (empty:
+    # no mix)
+    classes: list[ClassReport] = msgspec.field(default_factory=list)
 
 
 class Stopped(msgspec.Struct, tag="stopped"):

@@ -32,6 +32,7 @@ from loadgen.worker.dataset import (
     resolved,
 )
 from loadgen.worker.distributions import LengthDist, ThinkTime
+from loadgen.worker.mix import ClassDraw, TrafficClass
 from loadgen.worker.stream_measure import Turn
 from loadgen.worker.tokenizer import chunk_tokens, load_tokenizer
 
@@ -85,6 +86,9 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True):
     # what the user shapes (loadgen.run.config.body_fields): the sampling parameters
     # (--temperature …), --response-format and --extra-body, in every request's body
     body_fields: dict[str, Any] = msgspec.field(default_factory=dict)
+    # --mix (loadgen.worker.mix): each request one of these classes, drawn by their shares,
+    # with its lengths and priority; none: every request the run's
+    classes: tuple[TrafficClass, ...] = ()
 
     @property
     def path(self) -> str:
@@ -97,7 +101,8 @@ class Workload(msgspec.Struct, kw_only=True, frozen=True):
         turns = (f", conversations of {self.turns} turns, think {self.think_time}"
                  if self.turns > 1 else "")
         shaped = f", with {', '.join(sorted(self.body_fields))}" if self.body_fields else ""
-        return f"{self.api}, {source}{prefix} → {self.output_tokens} out{turns}{shaped}"
+        mix = f"; classes: {'; '.join(c.describe() for c in self.classes)}" if self.classes else ""
+        return f"{self.api}, {source}{prefix} → {self.output_tokens} out{turns}{shaped}{mix}"
 
 
 class Prepared(NamedTuple):
@@ -108,6 +113,7 @@ class Prepared(NamedTuple):
     body: bytes
     asked: int
     asked_out: int = 0
+    cls: int = -1  # its class of the mix (Workload.classes), -1: no mix
 
 
 class RequestFactory:
@@ -139,11 +145,14 @@ class RequestFactory:
         prefix_rng = random.Random(workload.seed)  # the same prefix in every worker
         self.prefix = " ".join(prefix_rng.choices(self.words, k=workload.shared_prefix))
         self._encode = msgspec.json.Encoder().encode
+        self._classes = ClassDraw(workload.classes) if workload.classes else None
         self._blocks: dict[int, list[str]] = {}  # a trace's prefix blocks, by id
 
     def next(self) -> Prepared:
         """The next single request."""
         self.serial += 1
+        if self._classes is not None:
+            return self._classed(self._classes.draw(self.rng))
         if self.dialogues is not None:  # a conversation's first human turn, and its reply
             text, reply = self._dialogue()[0]
             prompt, asked = self._prefixed(text)
@@ -152,6 +161,14 @@ class RequestFactory:
             prompt, asked = self._prompt()
             out = self.w.output_tokens.draw(self.rng)
         return Prepared(self._body(prompt, out), asked, self._exact_out(out))
+
+    def _classed(self, i: int) -> Prepared:
+        """A request of class i of the mix: its lengths where it gives them, its priority."""
+        c = self.w.classes[i]
+        prompt, asked = self._prompt(length=c.input_tokens)
+        out = (c.output_tokens or self.w.output_tokens).draw(self.rng)
+        extra = {"priority": c.priority} if c.priority is not None else None
+        return Prepared(self._body(prompt, out, extra=extra), asked, self._exact_out(out), i)
 
     def _dialogue(self) -> tuple[tuple[str, int], ...]:
         """The next dataset conversation (each worker from its own offset)."""
@@ -234,11 +251,13 @@ class RequestFactory:
     def _exact_out(self, max_tokens: int) -> int:
         return max_tokens if self.w.ignore_eos else 0
 
-    def _body(self, prompt: str, max_tokens: int, messages: list[dict] | None = None) -> bytes:
+    def _body(self, prompt: str, max_tokens: int, messages: list[dict] | None = None,
+              extra: dict | None = None) -> bytes:
         w = self.w
-        # the user's fields first: tokentop's own keys are never theirs (OWN_BODY_KEYS)
-        body: dict = {**w.body_fields, "model": w.model, "max_tokens": max_tokens,
-                      "stream": True}
+        # the user's fields first: tokentop's own keys are never theirs (OWN_BODY_KEYS);
+        # a class's priority after them (the mix's own, so --extra-body may not set it)
+        body: dict = {**w.body_fields, **(extra or {}), "model": w.model,
+                      "max_tokens": max_tokens, "stream": True}
         options = {"include_usage": True}
         if w.continuous_usage:
             options["continuous_usage_stats"] = True
@@ -254,16 +273,16 @@ class RequestFactory:
             body["prompt"] = prompt
         return self._encode(body)
 
-    def _prompt(self, bare: bool = False) -> tuple[str, int]:
+    def _prompt(self, bare: bool = False, length: LengthDist | None = None) -> tuple[str, int]:
         """The next prompt and its asked length (tokens by the tokenizer where there is one,
         the chat template and special tokens not included; else its words). `bare`: without
         the shared prefix (a conversation's later turns)."""
         if isinstance(self.prompts, TextWindows):  # real text, cut to the asked length
-            return self._window(bare)
+            return self._window(bare, length)
         if self.prompts is not None:
             i = (self.serial - 1 + self.worker_index * 9973) % len(self.prompts)
             return self._prefixed(self.prompts[i], bare)
-        return self._synthetic(self.w.input_tokens.draw(self.rng), bare)
+        return self._synthetic((length or self.w.input_tokens).draw(self.rng), bare)
 
     def _synthetic(self, n: int, bare: bool = False) -> tuple[str, int]:
         """A synthetic prompt of n tokens (words without a tokenizer)."""
@@ -278,13 +297,13 @@ class RequestFactory:
             return self._trimmed(text, n)
         return text, len(text.split())
 
-    def _window(self, bare: bool = False) -> tuple[str, int]:
+    def _window(self, bare: bool = False, length: LengthDist | None = None) -> tuple[str, int]:
         """A text dataset's prompt: the shared prefix, this request's serial number (as in
         synthetic prompts: prefix caching helps only as much as the prefix says), then the
         file's next words, n in all; with a tokenizer, that cut to n tokens (text has more
         tokens than words, so the cut is nearly always exact)."""
         assert isinstance(self.prompts, TextWindows)
-        n = self.w.input_tokens.draw(self.rng)
+        n = (length or self.w.input_tokens).draw(self.rng)
         head = f"{self.prefix} " if self.prefix and not bare else ""
         text = self.prompts.window(n - 1 - (0 if bare else self.w.shared_prefix))
         text = f"{head}r{self.worker_index}-{self.serial} {text}".rstrip()

@@ -134,7 +134,7 @@ async def test_a_tokenizer_that_merges_across_spaces_cuts_prompts_to_length(tmp_
                                       input_tokens=LengthDist.parse("40")))
     truth = Tokenizer.from_file(str(path / "tokenizer.json"))
     for _ in range(20):
-        body, asked, _ = factory.next()
+        body, asked, *_ = factory.next()
         prompt = msgspec.json.decode(body)["prompt"]
         # the length said is the count of what is sent, and that is the asked 40 (a cut
         # that merges anew may leave it a token or two short, never over)
@@ -143,7 +143,7 @@ async def test_a_tokenizer_that_merges_across_spaces_cuts_prompts_to_length(tmp_
 
 
 def test_output_length_is_held_with_min_tokens():
-    body, _, _ = RequestFactory(Workload(model="m", output_tokens=LengthDist.parse("37"))).next()
+    body, *_ = RequestFactory(Workload(model="m", output_tokens=LengthDist.parse("37"))).next()
     sent = msgspec.json.decode(body)
     assert sent["ignore_eos"] is True and sent["min_tokens"] == sent["max_tokens"] == 37
 
@@ -181,7 +181,7 @@ async def test_a_llamacpp_tokenize_endpoint_is_found_and_used(tokenizer):
     factory = RequestFactory(Workload(model="m", api="completions", one_token_words=lengths.words,
                                       input_tokens=LengthDist.parse("uniform:10:300")))
     for _ in range(20):
-        body, n, _ = factory.next()
+        body, n, *_ = factory.next()
         assert len(tok.encode(msgspec.json.decode(body)["prompt"],
                               add_special_tokens=False).ids) == n
 

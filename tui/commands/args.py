@@ -275,6 +275,13 @@ def add_prompt_arguments(g: argparse._ActionsContainer) -> None:
     g.add_argument("--think-time", metavar="SECONDS",
                    help="a user's wait between turns: 2, 0.5s, uniform:1:3, lognormal:2:0.5 "
                    "(default 0)")
+    g.add_argument("--mix", action="append", metavar="'NAME SHARE [in=] [out=] [priority=] "
+                   "[slo=]'",
+                   help="a class of requests (repeat it: the shares add up to 100%%), e.g. "
+                   "--mix 'interactive 20%% in=128 out=64 priority=0 slo=ttft<200ms' --mix "
+                   "'batch 80%% in=1024 out=512 priority=10': each class measured apart; "
+                   "priority is sent as the body's priority (vLLM with --scheduling-policy "
+                   "priority: lower first)")
 
 
 def add_request_arguments(g: argparse._ActionsContainer) -> None:
@@ -660,7 +667,7 @@ def _profile_words(settings: dict[str, Any]) -> str:
 
 
 def _add_model_arguments(g: argparse._ArgumentGroup) -> None:
-    from loadgen.sim.model import DIALECTS, SimConfig
+    from loadgen.sim.model import DIALECTS, SCHEDULING_POLICIES, SimConfig
 
     d = SimConfig()
 
@@ -701,6 +708,9 @@ def _add_model_arguments(g: argparse._ArgumentGroup) -> None:
         "written one token each in it, POST /tokenize served")
     opt("--metrics-dialect", "metrics_dialect", str, "the /metrics names to speak",
         choices=DIALECTS)
+    opt("--scheduling-policy", "scheduling_policy", str,
+        "fcfs, or priority: the lowest request `priority` admitted first, as vLLM's flag",
+        choices=SCHEDULING_POLICIES)
     opt("--gpu-name", "gpu_name", str, "the simulated GPU's name")
     opt("--gpu-count", "gpu_count", int, "simulated GPUs (tensor parallel)")
     opt("--gpu-memory-bytes", "gpu_memory_bytes", int, "memory per simulated GPU")

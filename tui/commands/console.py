@@ -130,7 +130,8 @@ def _console(args: argparse.Namespace) -> int:
     if args.broker:
         cfg.publish, password = _publish_to(args)
     source = RunProcess(cfg, secrets_from(args, mqtt_password=password), record=args.record)
-    app = TokentopApp(source, theme=args.theme, refresh=args.refresh, slo=args.slo)
+    app = TokentopApp(source, theme=args.theme, refresh=args.refresh, slo=args.slo,
+                      mix=args.mix)
     app.run()
     # the alternate screen is gone with the app: what the run did and where it lies must
     # stay in the terminal (at 80x24 the events panel cuts the path)

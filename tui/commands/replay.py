@@ -51,7 +51,7 @@ def _replay(run_dir: Path, *, speed: float, follow: bool | None, slo: str | None
     from tui.app import TokentopApp
 
     source, shown_slo = replay_source(run_dir, speed=speed, follow=follow, slo=slo)
-    app = TokentopApp(source, theme=theme, slo=shown_slo)
+    app = TokentopApp(source, theme=theme, slo=shown_slo, mix=recorded_mix(run_dir))
     app.run()
     return app.return_code or 0
 
@@ -68,19 +68,26 @@ def replay_source(run_dir: Path, *, speed: float = 1.0, follow: bool | None = No
     # held at the end: the console stays on the recording, and ← still seeks back from there
     source = ReplaySource(run_dir, speed=speed, follow=follow, hold=hold)
     if slo is None:
-        return source, _recorded_slo(run_dir)
+        slo = _recorded(run_dir, "slo")
+        return source, slo if isinstance(slo, str) else None
     try:
         return WatchedSource(source, parse_slos(slo)), slo
     except SloError as e:
         fail(str(e), prog="tokentop replay")
 
 
-def _recorded_slo(run_dir: Path) -> str | None:
-    """The run's own --slo, for the console's colours (its events are in the recording)."""
+def recorded_mix(run_dir: Path) -> list[str] | None:
+    """The run's own --mix, for its classes' lines in the console (None: none recorded)."""
+    mix = _recorded(run_dir, "mix")
+    return [str(m) for m in mix] if isinstance(mix, list) else None
+
+
+def _recorded(run_dir: Path, key: str):
+    """A key of the run's own config (its --slo, its --mix), for the console's colours (its
+    events are in the recording); None where the recording has none."""
     from loadgen.record.rundir import RunDirError, read_manifest
 
     try:
-        slo = (read_manifest(run_dir).get("config") or {}).get("slo")
+        return (read_manifest(run_dir).get("config") or {}).get(key)
     except RunDirError:
         return None  # replay itself says what is wrong with the directory
-    return slo if isinstance(slo, str) else None

@@ -14,8 +14,9 @@ from textual.app import ComposeResult
 from loadgen.model import units
 from loadgen.model.hdr import Summary
 from loadgen.model.slo import Slos, holds
+from loadgen.model.text import plain
 from loadgen.model.windows import WindowStats
-from tui.format import MUTED, NO_SAMPLES, cells, first_fit
+from tui.format import MUTED, NO_SAMPLES, cells, first_fit, literal
 from tui.view import View
 from tui.widgets.chart import Chart
 from tui.widgets.panel import Panel, keep_within
@@ -194,6 +195,30 @@ def slo_line(slos: Slos | None, width: int, stats: WindowStats | None = None) ->
     return first_fit(width, line, short, many if len(breached) > 1 else short)
 
 
+def class_line(name: str, stats: WindowStats | None, slos: Slos | None, width: int) -> str:
+    """One --mix class over the window: its TTFT P50 / P99, its ITL P99 and its SLO verdict
+    (as the run's line words it), so the classes' tails sit side by side."""
+    def stat(metric: str, key: str) -> str:
+        summary = stats.latency.get(metric) if stats else None
+        return units.ms(summary.get(key) if summary else None, missing=NO_SAMPLES)
+
+    checks = slo_checks(slos, stats) if slos is not None else []
+    verdict = ""
+    if any(met is False for _, met in checks):
+        verdict = " [b $error]SLO FAIL[/]"
+    elif checks and all(met for _, met in checks):
+        verdict = " [$success]SLO ok[/]"
+    label = f"[b]{literal(plain(name, 24))}[/]"  # from the bus or a recording: untrusted
+    ttft = f"{stat('ttft', 'p50')} / [b]{stat('ttft', 'p99')}[/]"
+    return first_fit(
+        width,
+        f"{label} [{MUTED}]TTFT P50/P99[/] {ttft}  [{MUTED}]ITL P99[/] {stat('itl', 'p99')}"
+        f"{verdict}",
+        f"{label} [{MUTED}]TTFT[/] {ttft}{verdict}",
+        f"{label} [{MUTED}]P99[/] [b]{stat('ttft', 'p99')}[/]{verdict}",
+    )
+
+
 class LatencyPanel(Panel):
     TITLE = "Latency"
 
@@ -219,6 +244,9 @@ class LatencyPanel(Panel):
                 lines += [(line, 1) for line in co_rows(stats, cols, wide, width)]
             else:
                 lines.append((co_line(stats, width), 1))
+        # --mix: a line a class under the run's verdict, left out before the table is
+        lines += [(class_line(name, stats_c, view.class_slos.get(name), width), 1)
+                  for name, stats_c in view.classes.items()]
         title = f"{self.TITLE} · {WINDOW_NAMES.get(view.window, view.window)} (w)"
         limit = slo_limit(view.slos, "ttft", "p99")
         self._slo_limit = limit[1] / 1000.0 if limit else None  # the chart is in ms
