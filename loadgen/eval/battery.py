@@ -35,7 +35,7 @@ from loadgen.analysis.sweep import (
     run_sweep,
 )
 from loadgen.analysis.sweep import write_outputs as write_sweep
-from loadgen.eval import batching, context, interference, matrix, memory
+from loadgen.eval import batching, context, interference, matrix, memory, priority
 from loadgen.eval.chaos import Chaos, listener_pid, mttr_apart_from_kill
 from loadgen.eval.conformance import Target, Unreachable, run_checks
 from loadgen.eval.dcgm_watch import DcgmWatch
@@ -51,6 +51,7 @@ from loadgen.eval.phase_run import (
     EvalError,
     Say,
     baseline_load,
+    knee_load,
     load_text,
     phase_cfg,
     run_dir,
@@ -181,7 +182,8 @@ async def _target(ev: Eval) -> EmbeddedSim | None:
     if ev.cfg.url:
         ev.url = ev.cfg.url
         return None
-    sim = EmbeddedSim(ev.cfg.sim)
+    p = ev.phases.priority  # its classes' priorities are served as a vLLM started for them
+    sim = EmbeddedSim(ev.cfg.embedded_sim([str(c) for c in p.classes] if p.enabled else []))
     try:
         ev.url = await sim.start()
     except SimStartError as e:
@@ -321,17 +323,6 @@ async def _sweep(ev: Eval, cfg: RunConfig, plan: SweepPlan, name: str) -> list[S
                                sinks=ev.sinks_for("ramp"))
     except SessionError as e:
         raise EvalError(f"{name}: {e}") from None
-
-
-def knee_load(ev: Eval) -> tuple[float | None, str]:
-    """The knee's load from the ramp (None with the reason when there is none)."""
-    ramp_r = ev.results.ramp
-    knee = ramp_r.figures.knee if ramp_r is not None and ramp_r.figures is not None else None
-    if knee:
-        return float(knee.load), ""
-    if ramp_r is None or ramp_r.status != "done":
-        return None, "the ramp did not run"
-    return None, "the ramp found no knee (throughput scaled to its last step)"
 
 
 async def long_tail(ev: Eval) -> PhaseResult:
@@ -555,6 +546,7 @@ async def _on_targets(ev: Eval, targets: list[str], load: float) -> ScalingRow:
 RUNS: dict[Phase, Callable[[Eval], Any]] = {
     "conformance": conformance,
     "baseline": baseline, "ramp": ramp, "batch": batching.run, "context": context.run,
-    "interference": interference.run, "long_tail": long_tail, "faults": faults,
-    "leaks": leaks, "memory": memory.run, "efficiency": efficiency, "scaling": scaling,
+    "interference": interference.run, "priority": priority.run, "long_tail": long_tail,
+    "faults": faults, "leaks": leaks, "memory": memory.run, "efficiency": efficiency,
+    "scaling": scaling,
 }

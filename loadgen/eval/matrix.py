@@ -23,6 +23,7 @@ from loadgen.eval.chaos import PROBE_EVERY_S
 from loadgen.eval.phases import PHASES, Phase
 from loadgen.eval.results import (
     BatchFigures,
+    ClassFigures,
     ContextRung,
     Dcgm,
     EvalState,
@@ -778,6 +779,71 @@ def _change_text(value: float, base: float | None) -> str:
     return f"{(value - base) / base * 100:+.1f} % against alone"
 
 
+def _priority(results: Results) -> Iterator[Row]:
+    """Each class of the plan's mix: its requests failed, TTFT P50 / P99, ITL and E2E P99,
+    goodput within its SLO, its own SLO's verdicts, and its TTFT P99 with its priority
+    against the same mix without (the ids by class name: the same in evals of one plan)."""
+    if _predates(results, "priority"):
+        return
+    f, why = _ran(results.priority, "priority")
+    dim = "priority classes"
+    if f is None:
+        yield Row(dim, "priority classes", None, note=why, id="priority")
+        return
+    without = {c.name: c for c in f.without}
+    refused = next((c.name for c in f.classes if c.refused), None)
+    # a class refused for its priority leaves the others the server to themselves: the
+    # runs are not alike, and no class's with ÷ without means what it says
+    unlike = f"the server refused {refused}'s priority: the two runs are not alike" \
+        if refused else ""
+    for c in f.classes:
+        yield from _class_rows(dim, c, without.get(c.name), f.without_why, f.load, unlike)
+
+
+def _class_rows(dim: str, c: ClassFigures, bare: ClassFigures | None, bare_why: str,
+                load: str, refused: str) -> Iterator[Row]:
+    key, n = f"priority.{c.name}", c.requests_ok + c.requests_failed
+    sent = "not sent" if c.priority is None else f"priority {c.priority}"
+    shares = f"{units.pct(c.share_asked)} asked, {units.pct(c.share_sent)} sent"
+
+    def row(figure: str, value: float | None, unit: str, better: str | None, id_: str,
+            note: str = "", samples: int | None = c.requests_ok, q: str | None = None,
+            verdict: str | None = None) -> Row:
+        few = validity.too_few(samples, q) if q and value is not None else None
+        return Row(dim, f"{c.name}: {figure}", value, unit, better, verdict, note=note,
+                   id=f"{key}.{id_}", load=load, samples=samples, flags=(few,) if few else ())
+
+    yield row("requests failed", c.requests_failed, "", "lower", "requests_failed",
+              note=c.why or f"{sent}; {shares}", samples=n)
+    for metric, q in (("ttft", "p50"), ("ttft", "p99"), ("itl", "p99"), ("e2e", "p99")):
+        value = _ms({m: getattr(c, f"{m}_ms") for m in ("ttft", "itl", "e2e")}, metric, q)
+        yield row(f"{metric.upper()} {q.upper()}", value, "ms", "lower", f"{metric}.{q}",
+                  note=c.why if value is None else "", q=q)
+    yield row("goodput", c.goodput_req_s, "req/s", "higher", "goodput",
+              note=f"requests within {c.limits}" if c.limits else "no per-request SLO")
+    for t in c.thresholds:
+        verdict = None if t.passed is None else ("PASS" if t.passed else "FAIL")
+        yield row(t.shown, None, "", None, f"slo.{t.shown}", note=t.measured, verdict=verdict)
+    yield _with_against_without(row, c, bare, bare_why or refused)
+
+
+def _with_against_without(row: Callable[..., Row], c: ClassFigures, bare: ClassFigures | None,
+                          why: str) -> Row:
+    """TTFT P99 with the class's priority ÷ the same without: below 1, the server served it
+    sooner for its priority (`why`: why there is no comparison, "" when there is)."""
+    mine = _summary_p99(c.ttft_ms)
+    theirs = _summary_p99(bare.ttft_ms) if bare is not None and not why else None
+    ratio = mine / theirs if mine is not None and theirs else None
+    if ratio is not None:
+        note = f"{_ms_text(mine)} with, {_ms_text(theirs)} without"
+    elif why or bare is None:
+        note = why or "the run without priorities has no such class"
+    else:
+        note = c.why or bare.why or "no TTFT measured"
+    return row("TTFT P99 with ÷ without priorities", ratio, "×", "lower", "ttft.p99_vs_without",
+               note=note, samples=None)
+
+
 def _memory(results: Results) -> Iterator[Row]:
     """The model's size, GPU memory used and per billion parameters; the KV cache's
     capacity in tokens and bytes. The GPU rows are the baseline's window's (its load)."""
@@ -814,7 +880,8 @@ def _memory(results: Results) -> Iterator[Row]:
 BUILDERS: dict[Phase, Callable[[Results], Iterator[Row]]] = {
     "conformance": _conformance,
     "baseline": _baseline, "ramp": _ramp, "batch": _batch, "context": _context,
-    "interference": _interference, "long_tail": _long_tail, "faults": _faults,
+    "interference": _interference, "priority": _priority, "long_tail": _long_tail,
+    "faults": _faults,
     "leaks": _leaks, "memory": _memory, "efficiency": _efficiency, "scaling": _scaling,
 }
 

@@ -155,6 +155,17 @@ def baseline_load(ev: Eval) -> dict[str, Any]:
     return {"mode": b.mode, "concurrency": b.concurrency, "rate": b.rate}
 
 
+def knee_load(ev: Eval) -> tuple[float | None, str]:
+    """The knee's load from the ramp (None with the reason when there is none)."""
+    ramp_r = ev.results.ramp
+    knee = ramp_r.figures.knee if ramp_r is not None and ramp_r.figures is not None else None
+    if knee:
+        return float(knee.load), ""
+    if ramp_r is None or ramp_r.status != "done":
+        return None, "the ramp did not run"
+    return None, "the ramp found no knee (throughput scaled to its last step)"
+
+
 def load_text(mode: str, concurrency: int, rate: float) -> str:
     return f"{concurrency} streams" if mode == "closed" else f"{rate:g} req/s"
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple, get_args
 
-Phase = Literal["conformance", "baseline", "ramp", "batch", "context", "interference", "long_tail",
-                "faults", "leaks", "memory", "efficiency", "scaling"]
+Phase = Literal["conformance", "baseline", "ramp", "batch", "context", "interference", "priority",
+                "long_tail", "faults", "leaks", "memory", "efficiency", "scaling"]
 PHASES: tuple[Phase, ...] = get_args(Phase)
 
 
@@ -33,6 +33,9 @@ ABOUT: dict[Phase, About] = {
     "interference": About("the baseline load with a neighbour on the host (CPU, memory "
                           "bandwidth, disk I/O, --neighbor-cmd): TTFT / ITL / tok/s against "
                           "the same load alone", loads=True),
+    "priority": About("priority classes (--mix): the plan's classes at a load past the knee, "
+                      "each class's TTFT / ITL / goodput / SLO verdict, with its priority "
+                      "sent and without", loads=True),
     "long_tail": About("a soak at a fraction of the knee: the intervals whose tail breaks out, "
                        "drift", loads=True),
     "faults": About("the baseline load through a fault-injecting proxy (loadgen.eval.proxy) on "

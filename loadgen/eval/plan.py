@@ -33,6 +33,7 @@ from loadgen.model import units
 from loadgen.model.slo import SloError, Slos, parse_slos
 from loadgen.worker.dataset import Dataset, DatasetError
 from loadgen.worker.distributions import LengthDist, WorkloadError
+from loadgen.worker.mix import parse_class, parse_mix
 
 PLAN_VERSION = 1
 # Load goes on this long after the last fault ends, so the recovery is seen: an outage is
@@ -85,6 +86,10 @@ class Url(str):
 
 class RowId(str):
     """A matrix row's id ("baseline.ttft.p99"), * matching any text ("faults.*.recovery")."""
+
+
+class ClassText(str):
+    """One class of a mix, as --mix takes it ("interactive 20% out=64 priority=0")."""
 
 
 class StaggerText(str):
@@ -155,6 +160,15 @@ def _slo(value: object) -> str:
     return text
 
 
+def _class(value: object) -> str:
+    text = _text_of(value, "a class (as --mix takes it)")
+    try:
+        parse_class(text)  # the classes together (their shares) are checked in _check
+    except WorkloadError as e:
+        raise ValueError(str(e)) from None
+    return text
+
+
 def _url(value: object) -> str:
     text = _text_of(value, "a URL")
     if not re.match(r"^https?://[^/\s]+", text):
@@ -181,7 +195,7 @@ def _stagger(value: object) -> str:
 _READERS = {
     Seconds: _seconds, Duration: _duration, Fraction: _fraction, Length: _length,
     OutputLength: lambda v: _length(v, output=True), DatasetText: _dataset, SloText: _slo,
-    Url: _url, StaggerText: _stagger, RowId: _row_id,
+    Url: _url, StaggerText: _stagger, RowId: _row_id, ClassText: _class,
 }
 
 
@@ -311,6 +325,28 @@ class Interference(_Table):
 _NO_INTERFERENCE = Interference(enabled=False, neighbors=["cpu", "memory", "disk"],
                                 duration=Duration(60.0), warmup=Seconds(10.0), cpu_workers=0,
                                 memory_mb=64, disk_block_kb=1024, command="")
+
+
+class Priority(_Table):
+    """The plan's classes (as --mix takes them) at `factor` × a load (loadgen.eval.priority):
+    a run of warmup + duration with their priorities, then one without when `without`."""
+
+    enabled: bool
+    classes: Annotated[list[ClassText], msgspec.Meta(min_length=1)]
+    load: Literal["knee", "baseline"]  # the ramp's knee load, or the baseline's
+    factor: Positive  # times that load: past the knee, requests queue and priority decides
+    duration: Duration  # measured, per run
+    warmup: Seconds  # not measured, per run
+    without: bool  # also the same mix without its priorities
+
+    def runs(self) -> int:
+        return 1 + self.without
+
+
+# the plans of the evals before the priority phase: it did not run there, nor on resume
+_NO_PRIORITY = Priority(enabled=False, classes=[ClassText("all 100%")], load="knee",
+                        factor=2.0, duration=Duration(60.0), warmup=Seconds(10.0),
+                        without=True)
 
 
 class LongTail(_Table):
@@ -453,6 +489,7 @@ class Phases(_Table, kw_only=True):  # kw_only: an optional field first
     batch: Batch = msgspec.field(default_factory=lambda: _NO_BATCH)
     context: Context = msgspec.field(default_factory=lambda: _NO_CONTEXT)
     interference: Interference = msgspec.field(default_factory=lambda: _NO_INTERFERENCE)
+    priority: Priority = msgspec.field(default_factory=lambda: _NO_PRIORITY)
     long_tail: LongTail
     faults: list[Fault]  # []: no faults phase
     leaks: Leaks
@@ -595,7 +632,8 @@ def _check(plan: Plan) -> str | None:
         phases: Phases = getattr(plan, name)
         problem = (_check_steps(phases.ramp, f"{name}.ramp")
                    or _check_faults(phases.faults, name)
-                   or _check_ladders(phases.context, f"{name}.context"))
+                   or _check_ladders(phases.context, f"{name}.context")
+                   or _check_classes(phases.priority, f"{name}.priority"))
         if problem:
             return problem
     return _check_scenarios(plan.scenarios)
@@ -618,6 +656,15 @@ def _check_ladders(context: Context, path: str) -> str | None:
     return None
 
 
+def _check_classes(priority: Priority, path: str) -> str | None:
+    """The classes as a mix: shares adding up to 100 %, each name once."""
+    try:
+        parse_mix(list(priority.classes))
+    except WorkloadError as e:
+        return f"{path}.classes: {str(e).removeprefix('--mix ')}"
+    return None
+
+
 def _check_faults(faults: list[Fault], name: str) -> str | None:
     """Faults must not overlap: each row is the success rate under one fault."""
     order = sorted(range(len(faults)), key=lambda i: faults[i].at)
@@ -629,9 +676,9 @@ def _check_faults(faults: list[Fault], name: str) -> str | None:
     return None
 
 
-# rows made per fault, per target count, per threshold and per ladder rung: their ids are
-# not known before
-_MADE_ROWS = ("faults.", "scaling.", "slo.", "context.input.", "context.output.")
+# rows made per fault, per target count, per threshold, per ladder rung and per class: their
+# ids are not known before
+_MADE_ROWS = ("faults.", "scaling.", "slo.", "context.input.", "context.output.", "priority.")
 
 
 def _check_scenarios(scenarios: dict[str, Scenario]) -> str | None:
@@ -683,6 +730,8 @@ def planned_seconds(phases: Phases, targets: int = 1, settle: float = FAULT_SETT
     total += rungs * (c.step_warmup + c.step_duration) * c.enabled
     i = phases.interference
     total += i.runs() * (i.warmup + i.duration) * i.enabled
+    p = phases.priority
+    total += p.runs() * (p.warmup + p.duration) * p.enabled
     return float(total)
 
 
@@ -952,7 +1001,24 @@ disk_block_kb = 1024     # each fsync'd write
 command = ""             # e.g. "python train.py"; the plan is recorded whole (eval.json):
                          # no secret here (--neighbor-cmd keeps it off the record)
 
-# 6. Long tail: a soak at a fraction of the knee's load, listing every interval whose tail
+# 6. Priority classes: a mix of named classes (each as --mix takes it: its share, lengths
+#    where not the baseline's, the `priority` its requests carry, its own SLO) at `factor` x
+#    a load, past the knee, where requests queue and the server's order decides who waits;
+#    then, with `without`, the same mix sent without priorities: what the server does with
+#    them. Rows: each class's TTFT / ITL / E2E, goodput within its SLO, its SLO's verdicts,
+#    and its TTFT P99 with against without. vLLM reads `priority` only when started with
+#    --scheduling-policy priority (without, it refuses a nonzero one: the rows say so).
+[phases.priority]
+enabled = true
+classes = ["interactive 20% in=128 out=64 priority=0 slo=ttft<500ms,ttft_p99<1s",
+           "batch 80% in=1024 out=256 priority=10"]
+load = "knee"            # "knee": the ramp's knee load; "baseline": the baseline's
+factor = 2.0             # times that load
+duration = "1m"          # measured, per run
+warmup = "10s"           # not measured, per run
+without = true           # also the same mix without its priorities
+
+# 7. Long tail: a soak at a fraction of the knee's load, listing every interval whose tail
 #    breaks out.
 [phases.long_tail]
 enabled = true
@@ -961,7 +1027,7 @@ duration = "24h"
 bucket = "1h"            # drift: each bucket compared with the first
 tail_k = 5.0             # a tick whose P99.9 passes tail_k x the run's median P99 is listed
 
-# 7. Stability under faults, from the fault-injecting proxy that tokentop runs between itself
+# 8. Stability under faults, from the fault-injecting proxy that tokentop runs between itself
 #    and the server, at the baseline's load. `at` counts from the phase's start; faults must
 #    not overlap (each row is the success rate under one fault), and the phase goes on
 #    fault_settle (above) after the last one ends, to see the recovery. No faults phase:
@@ -996,7 +1062,7 @@ fault = "bandwidth"
 bytes_per_s = 65536
 for = "1m"
 
-# 8. Leaks: growth over the long tail's soak of the server process' RSS and, GPU-side, of
+# 9. Leaks: growth over the long tail's soak of the server process' RSS and, GPU-side, of
 #    the engine's own KV cache in use (its usage x the pool it states): an engine preallocates
 #    its GPU memory at start, so GPU memory used stays flat whatever leaks inside it.
 [phases.leaks]
@@ -1006,18 +1072,18 @@ max_gpu_mb_per_h = 50.0  # KV in use, where the engine states its pool's bytes
 max_kv_tokens_per_h = 10000  # KV in use, where it states its pool in tokens only
 min_soak = "30m"         # a shorter soak shows the slopes but does not judge them
 
-# 9. Memory efficiency: GPU memory per billion parameters, the KV cache's capacity.
+# 10. Memory efficiency: GPU memory per billion parameters, the KV cache's capacity.
 [phases.memory]
 enabled = true
 
-# 10. Efficiency: output tokens per joule, req/s per watt, GPU utilisation, GPU memory per
+# 11. Efficiency: output tokens per joule, req/s per watt, GPU utilisation, GPU memory per
 #     request in flight; with --dcgm-url, SM, tensor-pipe and DRAM activity too. Read from
 #     these phases' load, not a run of its own ("knee": the ramp's knee step).
 [phases.efficiency]
 enabled = true
 at = ["baseline", "knee"]
 
-# 11. Scaling: throughput with 1, 2, ... N targets (replicas), each at `per_target` load,
+# 12. Scaling: throughput with 1, 2, ... N targets (replicas), each at `per_target` load,
 #     against N x one. With a single target the row says why it is empty.
 [phases.scaling]
 enabled = true
@@ -1079,6 +1145,10 @@ timeout = "20s"
 duration = "3s"
 warmup = "1s"
 
+[quick.priority]
+duration = "3s"
+warmup = "1s"
+
 [quick.long_tail]
 duration = "1m"
 bucket = "20s"
@@ -1108,6 +1178,6 @@ bytes_per_s = 65536
 for = "8s"
 
 [quick.scaling]
-duration = "12s"
-warmup = "3s"
+duration = "10s"
+warmup = "2s"
 """

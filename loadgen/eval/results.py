@@ -386,6 +386,52 @@ class InterferenceFigures(_Figures, kw_only=True):
     runs: list[InterferenceRun]  # the alone run first, alone again last
 
 
+# ---- priority classes (loadgen.eval.priority) -------------------------------------------------
+
+
+class ClassThreshold(_Figures, kw_only=True):
+    """One of a class's own whole-run limits (its `slo=`), judged on its requests alone."""
+
+    shown: str  # "ttft_p99<200ms"
+    passed: bool | None  # None: nothing to judge it on (no request of the class)
+    measured: str  # the figure judged, in words ("measured 41.2 ms", "no data (fails)")
+
+
+class ClassFigures(_Figures, kw_only=True):
+    """One class of the mix over the run's measured window (the run's --json `classes`)."""
+
+    name: str
+    priority: int | None  # sent as the body's `priority`; None: not sent
+    share_asked: float  # of all requests, 0..1
+    share_sent: float | None  # as drawn; None: no request ended
+    requests_ok: int
+    requests_failed: int
+    errors: dict[str, int]  # failed requests by kind
+    ttft_ms: Summary | None
+    itl_ms: Summary | None
+    e2e_ms: Summary | None
+    output_tok_s: float | None
+    goodput_req_s: float | None  # within `limits`; None: no per-request limits
+    limits: str | None  # the per-request limits its goodput counts within
+    thresholds: list[ClassThreshold]
+    why: str = ""  # why its figures are missing or partial ("" when it ran as asked)
+    # its requests failed with their priority and succeeded without: the server does not
+    # take the field, and the two runs are not alike (the other classes had it to themselves)
+    refused: bool = False
+
+
+class PriorityFigures(_Figures, kw_only=True):
+    """The plan's mix of classes at one load, sent with their priorities; then, to see what
+    the server does with them, the same mix sent without."""
+
+    load: str  # "32 streams"
+    load_why: str  # how the load was chosen ("2 × the ramp's knee, 16 streams")
+    classes: list[ClassFigures]  # with the priorities, in the mix's order
+    without: list[ClassFigures]  # the same mix without priorities ([]: not run)
+    without_why: str  # why `without` is empty ("" when it ran)
+    without_run_dir: str | None
+
+
 # ---- memory (loadgen.eval.memory) --------------------------------------------------------------
 
 
@@ -439,6 +485,7 @@ class Results(msgspec.Struct, kw_only=True, omit_defaults=True):
     batch: PhaseResult[BatchFigures] | None = None
     context: PhaseResult[ContextFigures] | None = None
     interference: PhaseResult[InterferenceFigures] | None = None
+    priority: PhaseResult[PriorityFigures] | None = None
     long_tail: PhaseResult[LongTailFigures] | None = None
     faults: PhaseResult[FaultsFigures] | None = None
     leaks: PhaseResult[LeaksFigures] | None = None

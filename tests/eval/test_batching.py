@@ -31,8 +31,8 @@ SLACK_MS = 120.0
 STEPS = (1, 4)
 STEP_S, STEP_WARMUP_S = 1.5, 0.5
 
-_OFF = ("conformance", "context", "interference", "long_tail", "leaks", "memory", "efficiency",
-        "scaling")
+_OFF = ("conformance", "context", "interference", "priority", "long_tail", "leaks", "memory",
+        "efficiency", "scaling")
 
 
 def _plan(n: int, *, baseline_and_ramp: bool) -> str:

@@ -27,8 +27,8 @@ SIM = {"kv_tokens": 2048, "prefill_ms_per_token": 0.1, "prefill_chunk_tokens": 5
 INPUTS, OUTPUTS, FIXED_OUT, FIXED_IN = [128, 1024, 4096], [64], 32, 128
 
 OTHERS_OFF = "".join(f"[phases.{p}]\nenabled = false\n" for p in (
-    "conformance", "baseline", "ramp", "batch", "interference", "long_tail", "leaks", "memory",
-    "efficiency", "scaling"))
+    "conformance", "baseline", "ramp", "batch", "interference", "priority", "long_tail", "leaks",
+    "memory", "efficiency", "scaling"))
 PLAN = f"""version = 1
 {OTHERS_OFF}[phases]
 faults = []

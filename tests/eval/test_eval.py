@@ -56,6 +56,12 @@ step_warmup = "0.5s"
 neighbors = ["cpu"]
 duration = "1s"
 warmup = "0.5s"
+[phases.priority]
+classes = ["fast 50% out=8 priority=0 slo=ttft_p99<4s", "slow 50% priority=5"]
+load = "baseline"
+factor = 1.0
+duration = "1s"
+warmup = "0.5s"
 [phases.memory]
 [phases.long_tail]
 fraction = 0.5
@@ -96,8 +102,8 @@ def write_plan(path: Path, *, targets: list[str] | None = None, faults: str = FA
     if not faults:
         text = text.replace("[phases.scaling]", "[phases]\nfaults = []\n[phases.scaling]", 1)
     if only_faults:
-        off = ("baseline", "ramp", "batch", "context", "interference", "long_tail", "leaks",
-               "memory", "efficiency")
+        off = ("baseline", "ramp", "batch", "context", "interference", "priority", "long_tail",
+               "leaks", "memory", "efficiency")
     for phase in off:
         if f"[phases.{phase}]" in text:
             text = text.replace(f"[phases.{phase}]\n", f"[phases.{phase}]\nenabled = false\n")
@@ -201,7 +207,7 @@ def test_a_killed_eval_resumes_at_its_phase_and_compare_says_what_differs(full, 
                                                                           tmp_path):
     # the phases between the ramp and the long tail are not what a resume is about: off
     plan = write_plan(tmp_path / "plan.toml", faults="", input_tokens=48,
-                      off=("batch", "context", "interference"))
+                      off=("batch", "context", "interference", "priority"))
     out = tmp_path / "out"
     proc = subprocess.Popen(eval_argv(sims[0], plan, out), stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,

@@ -28,6 +28,7 @@ from loadgen.eval.plan import (
     planned_seconds,
     read_plan,
 )
+from loadgen.worker.mix import parse_mix
 
 BLACKHOLE_TEN = """
 [[phases.faults]]
@@ -62,6 +63,10 @@ def test_default_plan_has_every_phase_with_the_values_its_text_gives() -> None:
     assert (p.leaks.max_rss_mb_per_h, p.leaks.min_soak) == (50, 1800)
     assert p.efficiency.at == ["baseline", "knee"]
     assert (p.scaling.targets, p.scaling.per_target, p.scaling.duration) == ([], "knee", 120)
+    fast, slow = parse_mix(list(p.priority.classes))
+    assert (fast.name, fast.share, fast.priority, slow.name, slow.priority) == (
+        "interactive", 0.2, 0, "batch", 10)
+    assert (p.priority.load, p.priority.factor, p.priority.without) == ("knee", 2.0, True)
     assert all(getattr(p, name).enabled for name in PHASES if name != "faults")
     per_request = plan.slos().per_request
     assert per_request is not None and per_request.ttft_us == 2_000_000
@@ -134,6 +139,7 @@ def test_quick_profile_shortens_every_timed_phase_and_fits_six_minutes() -> None
     assert quick.batch.timeout < full.batch.timeout
     assert quick.context.step_duration < full.context.step_duration
     assert quick.interference.duration < full.interference.duration
+    assert quick.priority.duration < full.priority.duration
     # planned load time with two replicas for the scaling row, leaving a sixth of the budget
     # for starting each phase's session and writing the report
     assert planned_seconds(quick, targets=2) <= QUICK_BUDGET_S * 5 / 6
@@ -143,10 +149,11 @@ def test_quick_profile_shortens_every_timed_phase_and_fits_six_minutes() -> None
 def test_planned_seconds_adds_up_the_phases() -> None:
     quick = default_plan().quick
     # 5+20 baseline, 7 steps x (2+8), the batch's 20 s timeout, 3 context rungs x (1+2),
-    # interference alone, beside 3 neighbours and alone again, 5 x (1+3), 60 soak, faults
-    # to 48 s + settle, 2 x (3+12) scaling
-    once = 25 + 70 + 20 + 9 + 20 + 60 + 48 + FAULT_SETTLE_S
-    assert planned_seconds(quick, targets=2) == once + 30
+    # interference alone, beside 3 neighbours and alone again, 5 x (1+3), the priority
+    # classes with and without, 2 x (1+3), 60 soak, faults to 48 s + settle, 2 x (2+10)
+    # scaling
+    once = 25 + 70 + 20 + 9 + 20 + 8 + 60 + 48 + FAULT_SETTLE_S
+    assert planned_seconds(quick, targets=2) == once + 24
     assert planned_seconds(quick, targets=1) == once
 
 
@@ -227,6 +234,14 @@ ERRORS = [
      'seconds, got "0s"'),
     ('[quick.baselin]\nduration = "1s"', "quick.baselin: unknown key (did you mean baseline?)"),
     ('slo = "ttft<20"', "slo: time '20' has no unit: write 20ms or 20s (units: ms, s, us)"),
+    ('[phases.priority]\nclasses = ["a 20%", "b 20%"]', "phases.priority.classes: shares "
+     "must add up to 100 %: 20.0% + 20.0% = 40.0%"),
+    ('[phases.priority]\nclasses = ["a 100% urgency=1"]', "phases.priority.classes[0]: bad "
+     "--mix part 'urgency=1' of class a"),
+    ('[phases.priority]\nclasses = []',
+     "phases.priority.classes: expected a list of at least 1, got an empty list"),
+    ('[phases.priority]\nload = "peak"',
+     'phases.priority.load: expected "baseline" or "knee", got "peak"'),
     ("version = 2", "version: this tokentop reads plan version 1, not 2"),
     ("verson = 1", "verson: unknown key (did you mean version?)"),
     ("phases = 3", "phases: expected a table, got 3"),

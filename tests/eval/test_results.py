@@ -106,13 +106,14 @@ def test_the_phases_are_named_once():
     assert Phases.__struct_fields__ == PHASES
     assert tuple(battery.RUNS) == PHASES
     assert tuple(matrix.BUILDERS) == PHASES
-    assert set(LOADED) == {"baseline", "ramp", "batch", "context", "interference", "long_tail",
-                           "faults", "scaling"}
+    assert set(LOADED) == {"baseline", "ramp", "batch", "context", "interference", "priority",
+                           "long_tail", "faults", "scaling"}
     # the matrix's sections come in the phases' order
     firsts = [next(r.dimension for r in matrix.BUILDERS[p](Results())) for p in PHASES]
     assert [d.split(" (")[0] for d in firsts] == [
         "API conformance", "latency & throughput", "pressure ramp", "batching",
-        "context length", "interference", "long tail", "stability under faults", "leaks",
+        "context length", "interference", "priority classes", "long tail",
+        "stability under faults", "leaks",
         "memory efficiency", "efficiency", "scaling"]
 
 
