@@ -1146,7 +1146,10 @@ duration = "3s"
 warmup = "1s"
 
 [quick.priority]
-duration = "3s"
+# shorter requests: a few seconds past the knee must end enough of them in each class
+classes = ["interactive 20% in=64 out=16 priority=0 slo=ttft<500ms,ttft_p99<1s",
+           "batch 80% in=256 out=64 priority=10"]
+duration = "4s"
 warmup = "1s"
 
 [quick.long_tail]
@@ -1178,6 +1181,6 @@ bytes_per_s = 65536
 for = "8s"
 
 [quick.scaling]
-duration = "10s"
+duration = "8s"
 warmup = "2s"
 """

@@ -150,10 +150,10 @@ def test_planned_seconds_adds_up_the_phases() -> None:
     quick = default_plan().quick
     # 5+20 baseline, 7 steps x (2+8), the batch's 20 s timeout, 3 context rungs x (1+2),
     # interference alone, beside 3 neighbours and alone again, 5 x (1+3), the priority
-    # classes with and without, 2 x (1+3), 60 soak, faults to 48 s + settle, 2 x (2+10)
+    # classes with and without, 2 x (1+4), 60 soak, faults to 48 s + settle, 2 x (2+8)
     # scaling
-    once = 25 + 70 + 20 + 9 + 20 + 8 + 60 + 48 + FAULT_SETTLE_S
-    assert planned_seconds(quick, targets=2) == once + 24
+    once = 25 + 70 + 20 + 9 + 20 + 10 + 60 + 48 + FAULT_SETTLE_S
+    assert planned_seconds(quick, targets=2) == once + 20
     assert planned_seconds(quick, targets=1) == once
 
 
