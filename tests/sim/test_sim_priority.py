@@ -38,11 +38,12 @@ async def _wait_for(predicate, *, deadline_s: float = 10.0) -> None:
 
 
 async def test_the_lowest_priority_waiting_is_admitted_first():
-    # one slot held by a long request; then 9, 5, 1 queue in that order: served 1, 5, 9
+    # one slot held by a long request (1000 steps: a second at least, long enough for the
+    # three to queue on a loaded machine); then 9, 5, 1 queue in that order: served 1, 5, 9
     async with running_sim(scheduling_policy="priority", slots=1) as sim, \
             aiohttp.ClientSession() as http:
         engine = sim.server.engine
-        first = asyncio.create_task(_post(http, sim, _body(3, max_tokens=40)))
+        first = asyncio.create_task(_post(http, sim, _body(3, max_tokens=1000)))
         await _wait_for(lambda: engine.num_running == 1)
         queued = []
         for n, priority in enumerate((9, 5, 1), start=1):
