@@ -93,6 +93,7 @@ from loadgen.eval.under_fault import FAULT_TICK_S, FaultNotes, under_fault
 from loadgen.eval.validity import span_of
 from loadgen.run.config import RunConfig
 from loadgen.run.embedded_sim import EmbeddedSim, SimStartError
+from loadgen.run.fleet_load import FleetLoadError, fleet_load
 from loadgen.run.session import SessionError
 from probes.server_metrics import metrics_url_for
 
@@ -142,10 +143,12 @@ async def run_eval(ev: Eval) -> None:
     ev.out.mkdir(parents=True, exist_ok=True)
     sim = await _target(ev)
     try:
+        await _fleet(ev)
         if ev.header is None:
             ev.header = await collect_header(
                 ev.url, plan=plan_to_builtins(ev.plan), started=ev.started, label=ev.label,
                 meta=ev.meta, model=ev.cfg.model, headers=ev.secrets.request_headers())
+            ev.header.load_from = load_from_text(ev)
         for i, name in enumerate(PHASES, 1):
             if ev.results.of(name) is not None:
                 ev.say(f"eval: phase {i}/{len(PHASES)} {name}: done before, kept")
@@ -159,9 +162,41 @@ async def run_eval(ev: Eval) -> None:
             ev.save()
             ev.say(f"eval: {name} {result.status}" + (f": {result.why}" if result.why else ""))
     finally:
+        if ev.fleet_load is not None:
+            await ev.fleet_load.close()
+            ev.fleet_load = None
         if sim is not None:
             await sim.stop()
     ev.save(finished=True)
+
+
+async def _fleet(ev: Eval) -> None:
+    """With --broker: the fleet's agents that take jobs, found before any phase runs."""
+    if ev.fleet is None:
+        return
+    try:
+        load = fleet_load(ev.fleet, ev.secrets.mqtt_password)
+        agents = await load.open()
+    except FleetLoadError as e:
+        raise EvalError(str(e)) from None
+    ev.fleet_load = load
+    ev.say(f"eval: the load from fleet {ev.fleet.fleet}: {', '.join(agents)} "
+           f"({load.settings.display}); {LOCAL_PHASES} from this machine")
+    for line in load.url_mismatches(ev.url):
+        ev.say(f"eval: warning: {line}")
+
+
+# where a fleet's load cannot stand in: a sweep steers one run's load live, the faults'
+# proxy and the interference neighbour are on this machine, scaling's targets are several
+LOCAL_PHASES = "the ramp, faults, interference and scaling run"
+
+
+def load_from_text(ev: Eval) -> str | None:
+    """The header's: where the phases' load came from (None: this machine alone)."""
+    if ev.fleet is None or ev.fleet_load is None:
+        return None
+    return (f"fleet {ev.fleet.fleet}: {', '.join(ev.fleet_load.agents)} "
+            f"({LOCAL_PHASES} from this machine)")
 
 
 async def _phase(ev: Eval, name: Phase) -> PhaseResult:
@@ -534,7 +569,7 @@ async def _on_targets(ev: Eval, targets: list[str], load: float) -> ScalingRow:
         cfg = phase_cfg(ev, f"scaling-{n}-{i}", url=url, mode=mode,
                          concurrency=max(1, int(load)), rate=float(load),
                          duration=float(p.duration), warmup=float(p.warmup))
-        return await run_session(ev, f"scaling {i + 1}/{n}", cfg)
+        return await run_session(ev, f"scaling {i + 1}/{n}", cfg, here=True)
 
     dirs = await asyncio.gather(*(one(i, url) for i, url in enumerate(targets)))
     rates = [soak_report(d, warnings=[])[0].rates for d in dirs]

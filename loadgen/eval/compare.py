@@ -183,7 +183,8 @@ def _noise_notes(lines: Iterable[Line]) -> list[str]:
 
 # the header's fields compare names when they differ (date and why always may)
 HEADER_FIELDS = ("label", "meta", "engine", "engine_version", "model", "gpus", "host_cpu",
-                 "host_cores", "host_memory_gb", "tokentop_version", "plan_digest")
+                 "host_cores", "host_memory_gb", "tokentop_version", "plan_digest",
+                 "load_from")
 
 
 def differences(evals: Sequence[tuple[str, EvalState]]) -> list[str]:

@@ -48,7 +48,7 @@ from loadgen.run.child import (
     encode,
     run_child,
 )
-from loadgen.run.config import RunConfig
+from loadgen.run.config import FleetFrom, RunConfig
 from loadgen.run.secrets import Secrets
 from loadgen.run.session import asked_stop
 
@@ -75,6 +75,7 @@ class EvalStart(msgspec.Struct, tag="start"):
     chaos_restart_cmd: str | None = None
     model_params: float | None = None  # --model-params, in billions
     neighbor_cmd: str | None = None  # --neighbor-cmd: the interference phase's neighbour
+    fleet: FleetFrom | None = None  # --broker: the phases' load from a fleet's agents
 
 
 class Ready(msgspec.Struct, tag="ready"):
@@ -284,7 +285,8 @@ def _build(start: EvalStart, say: Callable[[str], None]):
     out = Path(start.out)
     kw = {"secrets": start.secrets, "chaos_restart_cmd": start.chaos_restart_cmd,
           "dcgm_url": start.dcgm_url, "label": start.label, "meta": dict(start.meta),
-          "model_params": start.model_params, "neighbor_cmd": start.neighbor_cmd}
+          "model_params": start.model_params, "neighbor_cmd": start.neighbor_cmd,
+          "fleet": start.fleet}
     state = load_state(out) if start.resume else None
     if state is not None:
         return resumed(state, start.config, out, say, **kw)

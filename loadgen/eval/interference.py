@@ -354,7 +354,7 @@ async def _load(ev: Eval, kind: str, what: str | None) -> InterferenceRun:
     workers = ev.cfg.workers or max(1, len(os.sched_getaffinity(0)) - 1)
     cfg = phase_cfg(ev, f"interference.{kind}", duration=float(p.duration),
                     warmup=float(p.warmup), workers=workers, **baseline_load(ev))
-    run_dir = await run_session(ev, f"interference {kind}", cfg)
+    run_dir = await run_session(ev, f"interference {kind}", cfg, here=True)
     r, _ = soak_report(run_dir, warnings=[])
     measured = r.measured_requests
     return InterferenceRun(

@@ -28,7 +28,8 @@ from loadgen.eval.results import (
 )
 from loadgen.model.notice import Notice
 from loadgen.record.rundir import write_json_atomic
-from loadgen.run.config import RunConfig
+from loadgen.run.config import FleetFrom, RunConfig
+from loadgen.run.fleet_load import FleetLoad, FleetLoadError
 from loadgen.run.secrets import Secrets
 from loadgen.run.session import Session
 from loadgen.run.sinks import ProgressLines, Sink
@@ -68,6 +69,8 @@ class Eval:
     neighbor_cmd: str | None = None  # --neighbor-cmd: the interference phase's own neighbour
     model_params: float | None = None  # --model-params: the model's parameters, where the
     # server does not say (the memory phase's GB per billion)
+    fleet: FleetFrom | None = None  # --broker: the phases' load from a fleet's agents
+    fleet_load: FleetLoad | None = None  # its agents, found when the eval starts
 
     @property
     def phases(self) -> Phases:
@@ -127,12 +130,22 @@ def phase_cfg(ev: Eval, name: str, **load: Any) -> RunConfig:
 
 
 async def run_session(ev: Eval, name: str, cfg: RunConfig,
-                   on_session: Callable[[Session], None] | None = None) -> Path:
+                      on_session: Callable[[Session], None] | None = None, *,
+                      here: bool = False) -> Path:
     """Run `cfg` through one Session to its end; its run directory. `on_session` gets the
-    Session before it starts (the faults phase notes its faults in it)."""
+    Session before it starts (the faults phase notes its faults in it). With a fleet
+    (--broker) the load comes from its agents, merged into the run directory, unless the
+    load must come from this machine (`here`: the client pinned beside a neighbour, one
+    target of several; or a Session to note in, behind this machine's fault proxy)."""
 
     def say(notice: Notice) -> None:
         ev.say(f"  {name}: {notice.text}")
+
+    if ev.fleet_load is not None and not here and on_session is None and cfg.url == ev.url:
+        try:
+            return await ev.fleet_load.run(cfg, name, say)
+        except FleetLoadError as e:
+            raise EvalError(str(e)) from None
 
     # the progress line every PROGRESS_EVERY_S, not every second: a day's soak in an eval is
     # otherwise 86 400 lines; events and warnings as they come

@@ -543,6 +543,8 @@ class Header(msgspec.Struct, kw_only=True):
     date: str = ""  # ISO 8601, when the eval started
     tokentop_version: str = ""
     plan_digest: str = ""  # sha256 of the plan as eval.json keeps it, first 12 hex digits
+    # where the phases' load came from: None this machine; a fleet's agents (--broker)
+    load_from: str | None = None
     why: dict[str, str] = {}  # a field left None, and why ("engine": "no /version answered")
 
 

@@ -20,12 +20,10 @@ from collections.abc import AsyncIterator
 import msgspec
 
 from loadgen.fleet.monitor import AgentState, FleetMonitor
-from loadgen.model import hdr
+from loadgen.fleet.tick_merge import add_hists, encoded, gpus_by_agent, tagged
 from loadgen.model.snapshot import (
     Control,
     Counters,
-    Event,
-    GpuStatus,
     LoadState,
     Snapshot,
     Target,
@@ -124,7 +122,7 @@ class FleetMergedSource:
                 snap = q.get_nowait()
                 fresh.setdefault(name, []).append(snap)
                 if self._share(name).update(snap):
-                    _add_hists(dense, snap)
+                    add_hists(dense, snap.hist)
         now = time.time()
         self._seq += 1
         live = self._live()
@@ -137,9 +135,9 @@ class FleetMergedSource:
             target=self._target(live),
             load=self._load(live),
             counters=self._counters(),
-            hist={m: hdr.encode(d) for m, d in dense.items()},
-            gpu=self._gpus(live),
-            events=[_tagged(name, e) for name, snaps in fresh.items()
+            hist=encoded(dense),
+            gpu=gpus_by_agent(live),
+            events=[tagged(name, e) for name, snaps in fresh.items()
                     for snap in snaps for e in snap.events],
         )
 
@@ -175,17 +173,6 @@ class FleetMergedSource:
             out.add(share.total())
         return out
 
-    @staticmethod
-    def _gpus(live: dict[str, Snapshot]) -> GpuStatus:
-        gpus = []
-        for name in sorted(live):
-            for g in live[name].gpu.gpus:
-                gpus.append(msgspec.structs.replace(g, index=len(gpus), name=f"{name}/{g.name}"))
-        sources = {s.gpu.source for s in live.values()}
-        source = "nvml" if "nvml" in sources else ("simulated" if gpus else "none")
-        return GpuStatus(source=source, gpus=gpus,
-                         message=None if gpus else "no agent reports a GPU")
-
     async def control(self, msg: Control) -> None:
         raise SourceError("the merged fleet view is read-only: steer agents from the fleet "
                           "list (select one, or press a there for all)")
@@ -199,12 +186,3 @@ class FleetMergedSource:
             if st is not None:
                 st.listeners.discard(q)
 
-
-def _add_hists(dense: dict, snap: Snapshot) -> None:
-    for metric, blob in snap.hist.items():
-        d = hdr.decode(blob)
-        dense[metric] = dense[metric] + d if metric in dense else d
-
-
-def _tagged(agent: str, e: Event) -> Event:
-    return msgspec.structs.replace(e, message=f"{agent}: {e.message}")

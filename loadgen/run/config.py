@@ -53,6 +53,20 @@ class PublishTo(msgspec.Struct, kw_only=True):
     max_rate: float = 50.0
 
 
+class FleetFrom(msgspec.Struct, kw_only=True):
+    """Where an eval's load comes from when it is not this machine: the agents of `fleet`
+    that take jobs (`tokentop agent --accept-jobs`; loadgen.run.fleet_load), all of them or
+    those named. No password here: it travels with the Secrets."""
+
+    broker: str  # mqtt://[user@]host[:port] or mqtts://…
+    fleet: str
+    agents: list[str] = msgspec.field(default_factory=list)  # empty: every one ready
+    keepalive: int = 10
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
 class RunConfig(msgspec.Struct, kw_only=True):
     url: str | None = None  # None: start the embedded simulator
     model: str | None = None  # None: the server's first model

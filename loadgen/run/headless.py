@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -40,17 +41,22 @@ def idle_load(cfg: RunConfig) -> str | None:
     return None
 
 
-async def run_headless(cfg: RunConfig, secrets: Secrets | None = None, *,
-                       json_path: Path | None = None, record: bool = True,
-                       out: TextIO | None = None,
-                       wait: float | None = HEADLESS_WAIT_S) -> int:
-    stream = out or sys.stderr
+def line_say(stream: TextIO) -> Callable[[Notice], None]:
+    """Each notice as one line on `stream`."""
 
     def say(notice: Notice) -> None:
         # a terminal gone (SIGHUP) fails each write: the run goes on to its recorded end
         with contextlib.suppress(OSError):
             print(as_line(notice), file=stream, flush=True)
 
+    return say
+
+
+async def run_headless(cfg: RunConfig, secrets: Secrets | None = None, *,
+                       json_path: Path | None = None, record: bool = True,
+                       out: TextIO | None = None,
+                       wait: float | None = HEADLESS_WAIT_S) -> int:
+    say = line_say(out or sys.stderr)
     if (idle := idle_load(cfg)) is not None:
         say(Notice("outcome", idle))
         return EXIT_UNUSABLE

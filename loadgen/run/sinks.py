@@ -18,7 +18,7 @@ from loadgen.fleet.remote import LoadNow, RemoteCaps, RemoteControl
 from loadgen.model.notice import Notice, Say
 from loadgen.model.snapshot import Control, Snapshot
 from loadgen.model.windows import SnapshotWindows
-from loadgen.run.config import PublishTo
+from loadgen.run.config import FleetFrom, PublishTo
 from loadgen.run.summary import progress_line
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ def health_text(snap: Snapshot) -> str:
     return stalled
 
 
-def broker_settings(p: PublishTo, password: str | None) -> BrokerSettings:
+def broker_settings(p: PublishTo | FleetFrom, password: str | None) -> BrokerSettings:
     """The broker of `p`, with the password that travelled apart from it."""
     settings = parse_broker_url(p.broker)
     settings.password = password

@@ -10,12 +10,15 @@ read and checked here; bad input is one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import signal
 import sys
 from pathlib import Path
 
 from loadgen.fleet.publisher import DEFAULT_BACKLOG
 from loadgen.fleet.remote import DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_RATE
+from loadgen.model.notice import Notice
 from tui.commands.args import (
     Parser,
     add_broker_arguments,
@@ -60,13 +63,17 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mqtt-max-backoff", type=seconds, default=30.0,
                    help=argparse.SUPPRESS)
     g.add_argument("--json", type=Path, help="write the final summary here")
+    g.add_argument("--accept-jobs", action="store_true",
+                   help="start no load of its own: run the load jobs `tokentop eval --fleet` "
+                   "sends (at this agent's --url, within --max-concurrency / --max-rate), "
+                   "each recorded under --out")
 
 
 def _quiet_logging() -> None:
     """Warnings (broker lost, retrying) as one line each on stderr; no library chatter."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("tokentop: %(message)s"))
-    for name in ("tokentop.mqtt", "tokentop.publisher"):
+    for name in ("tokentop.mqtt", "tokentop.publisher", "tokentop.jobs"):
         lg = logging.getLogger(name)
         lg.addHandler(handler)
         lg.setLevel(logging.WARNING)
@@ -90,7 +97,10 @@ def _agent(args: argparse.Namespace) -> int:
     if args.allow_remote_control and cfg.concurrency > args.max_concurrency:
         fail(f"--concurrency {cfg.concurrency} is over --max-concurrency {args.max_concurrency}")
     cfg.publish = _publish_to(args, fleet=fleet, name=name)
-    return _run_agent(cfg, secrets_from(args, mqtt_password=settings.password), args)
+    secrets = secrets_from(args, mqtt_password=settings.password)
+    if args.accept_jobs:
+        return _take_jobs(cfg, secrets, settings, args)
+    return _run_agent(cfg, secrets, args)
 
 
 def _publish_to(args: argparse.Namespace, *, fleet: str, name: str):
@@ -103,6 +113,33 @@ def _publish_to(args: argparse.Namespace, *, fleet: str, name: str):
                      max_backoff=args.mqtt_max_backoff,
                      remote_control=args.allow_remote_control,
                      max_concurrency=args.max_concurrency, max_rate=args.max_rate)
+
+
+def _take_jobs(cfg, secrets, settings, args: argparse.Namespace) -> int:
+    """The job loop until Ctrl-C / SIGTERM (a second one cancels a job's requests)."""
+    from loadgen.run.headless import line_say
+    from loadgen.run.job_agent import JobAgent
+    from loadgen.worker import eventloop
+
+    async def serve() -> int:
+        say = line_say(sys.stderr)
+        agent = JobAgent(cfg, secrets, settings, cfg.publish, say=say, record=args.record)
+        signals = 0
+
+        def stop() -> None:
+            nonlocal signals
+            signals += 1
+            agent.stop(now=signals > 1)
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(sig, stop)
+        say(Notice("run", f"agent {cfg.publish.name} of fleet {cfg.publish.fleet}: waiting "
+                   f"for jobs on {settings.display}"))
+        await agent.run()
+        return 0
+
+    return eventloop.run(serve)
 
 
 def _run_agent(cfg, secrets, args: argparse.Namespace) -> int:

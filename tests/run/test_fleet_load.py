@@ -1,0 +1,220 @@
+"""A run's load from a fleet's agents (issue 26.7): a real mosquitto broker, two real
+`tokentop agent --accept-jobs` processes, the exact-timing simulator. Each figure is judged
+against a truth apart from the code that merged it:
+
+* the requests the merged run counts are the ones the simulator itself served (its own
+  record, GET /sim/requests), and the sum of what each agent's own recording counted;
+* each agent ran its share (its own recording's config) and nothing else;
+* the merged histograms are, tick by tick summed, the `hdrh` library's own sum of the
+  histograms each agent recorded on its disk (not what came over MQTT);
+* a job over an agent's cap is refused in words that name the agent and the cap, and a
+  fleet with no agent taking jobs says how to start one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import aiomqtt
+import pytest
+from hdrh.histogram import HdrHistogram
+from mosquitto import ROOT, Mosquitto, agent_process, kill_group, settings
+from support import running_sim
+
+from loadgen.record.rundir import iter_snapshots
+from loadgen.run.config import RunConfig
+from loadgen.run.fleet_load import FleetLoad, FleetLoadError
+
+pytestmark = pytest.mark.timeout(180)
+
+EXACT = {"exact_ttft_ms": 20.0, "exact_itl_ms": 5.0}
+AGENTS = ("a1", "a2")
+STREAMS = 5  # 3 + 2
+RATE = 16.0  # req/s: 8 + 8
+
+
+@contextlib.asynccontextmanager
+async def fleet(tmp: Path):
+    """The broker, the simulator and two agents that take jobs; their run roots."""
+    async with Mosquitto(tmp) as broker, running_sim(**EXACT) as sim:
+        procs = [agent_process(["--accept-jobs", "--broker", broker.url, "--fleet", "t",
+                                "--name", name, "--url", sim.url, "--workers", "1",
+                                "--tokenizer", "none", "--max-concurrency", "8",
+                                "--out", str(tmp / name)]) for name in AGENTS]
+        try:
+            yield broker, sim
+        finally:
+            for p in procs:
+                kill_group(p)
+
+
+async def opened(broker_url: str, fleet_name: str = "t") -> FleetLoad:
+    load = FleetLoad(settings(broker_url), fleet_name)
+    for _ in range(20):  # the agents' processes take a few seconds to connect
+        try:
+            await load.open()
+            if len(load.agents) == len(AGENTS):
+                return load
+        except FleetLoadError:
+            pass
+        await load.close()
+        load = FleetLoad(settings(broker_url), fleet_name)
+    raise AssertionError("the agents never said they take jobs")
+
+
+def job(sim_url: str, out: Path, **kw) -> RunConfig:
+    base = dict(url=sim_url, concurrency=STREAMS, duration=2.5, warmup=0.6, tick=0.25,
+                input_tokens="8", output_tokens="12", tokenizer="none", drain_grace=5.0,
+                out=str(out))
+    return RunConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+
+async def served_rows(sim) -> list[dict]:
+    """The simulator's own record of every request it served, in arrival order."""
+    root = sim.url.removesuffix("/v1")
+    async with aiohttp.ClientSession() as http, http.get(f"{root}/sim/requests") as r:
+        assert r.status == 200
+        return await r.json()
+
+
+async def served_ok(sim) -> int:
+    return sum(1 for row in await served_rows(sim) if row["status"] == 200)
+
+
+def hdr_total(run_dir: Path, metric: str) -> HdrHistogram:
+    total = HdrHistogram(1, 3_600_000_000, 3)
+    for s in iter_snapshots(run_dir):
+        if metric in s.hist:
+            total.add(HdrHistogram.decode(s.hist[metric]))
+    return total
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "manifest.json").read_text())["summary"]
+
+
+async def test_the_fleets_run_is_its_agents_merged_exactly(tmp_path):
+    async with fleet(tmp_path) as (broker, sim):
+        load = await opened(broker.url)
+        lines: list = []
+        try:
+            # what is not a job is logged by the agent and left: the next job still runs
+            async with aiomqtt.Client("127.0.0.1", broker.port) as raw:
+                for agent in AGENTS:
+                    await raw.publish(f"tokentop/t/{agent}/job", b"\x1b[2Jnot a job", qos=1)
+            merged = await load.run(job(sim.url, tmp_path / "merged"), "baseline", lines.append)
+            served = await served_ok(sim)
+            with pytest.raises(FleetLoadError) as refused:  # 20 streams: 10 each, over 8
+                await load.run(job(sim.url, tmp_path / "over", concurrency=20), "big",
+                               lines.append)
+            one = await load.run(job(sim.url, tmp_path / "one", concurrency=1, duration=1.5,
+                                     warmup=0.0), "one", lines.append)
+            served_one = await served_ok(sim) - served
+            before = len(await served_rows(sim))
+            opened_loop = await load.run(job(
+                sim.url, tmp_path / "open", mode="open", rate=RATE, arrival="constant",
+                duration=2.5, warmup=0.0), "open", lines.append)
+            arrivals = sorted(r["arrived_s"] for r in (await served_rows(sim))[before:])
+        finally:
+            await load.close()
+    # either agent may answer first: the one that did is named, with its cap
+    assert re.search(r"agent a[12] refused the job: 10 streams is over this agent's "
+                     r"--max-concurrency 8", str(refused.value)), refused.value
+
+    agents = json.loads((merged / "agents.json").read_text())["agents"]
+    assert [a["agent"] for a in agents] == list(AGENTS)
+    assert all(a["exit"] == 0 and a["lost_ticks"] == 0 for a in agents), agents
+    assert max(a["start_skew_s"] for a in agents) < 1.0  # one start for all
+    own = [Path(a["run_dir"]) for a in agents]
+    # each agent ran its share: its own recording's config
+    shares = [json.loads((d / "manifest.json").read_text())["config"]["concurrency"]
+              for d in own]
+    assert shares == [3, 2]
+
+    # the server's own count: every request it answered is in the fleet's counters
+    last = list(iter_snapshots(merged))[-1]
+    assert last.load.state == "stopped"
+    assert last.counters.requests_ok == served > 0
+    # the fleet's window is the agents' windows: the same requests, summed
+    s = summary(merged)
+    assert s["requests"]["ok"] == sum(summary(d)["requests"]["ok"] for d in own) > 0
+    assert s["config"]["concurrency"] == STREAMS
+
+    # the merged histograms against the hdrh library's sum of each agent's own recording
+    for metric in ("ttft", "itl", "e2e"):
+        truth = hdr_total(own[0], metric)
+        truth.add(hdr_total(own[1], metric))
+        got = hdr_total(merged, metric)
+        assert got.get_total_count() == truth.get_total_count() > 0, metric
+        for q in (50, 90, 99, 99.9):
+            assert got.get_value_at_percentile(q) == truth.get_value_at_percentile(q), metric
+    # and the simulator's exact first token: 20 ms, plus the loopback's little
+    assert 20.0 <= s["latency_ms"]["ttft"]["p50"] < 30.0
+
+    # 1 stream over 2 agents: one agent runs it, the other gets no job (no idle run)
+    rows = json.loads((one / "agents.json").read_text())["agents"]
+    assert [(a["agent"], a["concurrency"]) for a in rows] == [("a1", 1)]
+    assert list(iter_snapshots(one))[-1].counters.requests_ok == served_one > 0
+
+    # open loop: the rate in equal parts, as the server saw the arrivals come
+    rows = json.loads((opened_loop / "agents.json").read_text())["agents"]
+    assert [a["rate"] for a in rows] == [RATE / 2, RATE / 2]
+    seen = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+    assert RATE * 0.8 < seen < RATE * 1.2, seen
+    assert list(iter_snapshots(opened_loop))[-1].counters.requests_ok == len(arrivals)
+
+
+async def test_a_fleet_without_agents_taking_jobs_says_how_to_start_one(tmp_path):
+    async with Mosquitto(tmp_path) as broker:
+        load = FleetLoad(settings(broker.url), "nobody")
+        with pytest.raises(FleetLoadError) as e:
+            await load.open()
+    assert "no agent of fleet nobody" in str(e.value)
+    assert "tokentop agent --accept-jobs" in str(e.value)
+
+
+PLAN = """
+version = 1
+[phases]
+faults = []
+[phases.baseline]
+concurrency = 4
+duration = "2s"
+warmup = "0.5s"
+input_tokens = 8
+output_tokens = 12
+""" + "".join(f"[phases.{p}]\nenabled = false\n" for p in (
+    "conformance", "ramp", "batch", "context", "interference", "priority", "long_tail",
+    "leaks", "memory", "efficiency", "scaling"))
+
+
+async def test_eval_with_broker_runs_its_baseline_from_the_fleet(tmp_path):
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN)
+    out = tmp_path / "eval"
+    async with fleet(tmp_path) as (broker, sim):
+        await (await opened(broker.url)).close()  # the agents are up and take jobs
+        proc = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "tui.cli", "eval", "--headless", "--url", sim.url,
+            "--broker", broker.url, "--fleet", "t", "--plan", str(plan), "--out", str(out),
+            "--tokenizer", "none", "--workers", "1"],
+            cwd=ROOT, capture_output=True, text=True, timeout=150)
+        served = await served_ok(sim)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the load from fleet t: a1, a2" in proc.stderr
+    state = json.loads((out / "eval.json").read_text())
+    assert state["header"]["load_from"].startswith("fleet t: a1, a2")
+    run_dir = Path(state["phases"]["baseline"]["run_dir"])
+    agents = json.loads((run_dir / "agents.json").read_text())["agents"]
+    assert [a["concurrency"] for a in agents] == [2, 2]
+    last = list(iter_snapshots(run_dir))[-1]
+    assert last.counters.requests_ok == served > 0  # every request from the agents
+    assert state["phases"]["baseline"]["figures"]["requests"] == summary(run_dir)["requests"]["ok"]
+    assert "load from" in (out / "eval.md").read_text()
