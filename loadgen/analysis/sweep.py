@@ -47,7 +47,8 @@ from loadgen.model.knee import (
 )
 from loadgen.model.notice import as_line
 from loadgen.model.snapshot import METRICS, Control, Snapshot
-from loadgen.run.config import ConfigError, RunConfig
+from loadgen.run.config import ConfigError, FleetFrom, RunConfig
+from loadgen.run.fleet_load import FleetLoad, FleetLoadError, FleetRun, fleet_load
 from loadgen.run.secrets import Secrets
 from loadgen.run.session import Session, SessionError
 from loadgen.run.sinks import RunHandle, Sink
@@ -214,14 +215,16 @@ def parse_steps(text: str) -> list[float] | None:
 
 async def run_sweep(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None = None,
                     echo=print, *, record: bool = True, progress=None,
-                    sinks: Sequence[Sink] = ()) -> list[StepResult]:
+                    sinks: Sequence[Sink] = (), load: FleetRun | None = None
+                    ) -> list[StepResult]:
     """Hold each step in turn, in one Session (so a sweep is recorded, and replayable, like
     any run); raises SessionError before any load. `echo` gets the table, `progress` (stderr
     unless given) a line every PROGRESS_EVERY_S within a step; `sinks` watch the session
-    (the eval's live view)."""
-    session = Session(msgspec.structs.replace(cfg, concurrency=0, rate=0.0), secrets,
-                      record=record, say=lambda notice: _to_stderr(as_line(notice)),
-                      sinks=sinks)
+    (the eval's live view). `load`: a fleet's run to steer in place of a Session here
+    (loadgen.run.fleet_load; it raises FleetLoadError)."""
+    session = load or Session(msgspec.structs.replace(cfg, concurrency=0, rate=0.0), secrets,
+                              record=record, say=lambda notice: _to_stderr(as_line(notice)),
+                              sinks=sinks)
     await session.start()
     snaps = session.snapshots()
     echo(HEADER)
@@ -239,15 +242,33 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def fleet_sweep(fleet: FleetLoad, cfg: RunConfig, plan: SweepPlan, say) -> FleetRun:
+    """The one run on a fleet's agents that a sweep steers step by step: long enough for
+    every step (a job always ends), stopped when the sweep is done. `say`: its lines."""
+    steps = len(plan.steps) if plan.steps is not None else AUTO_MAX_STEPS
+    longest = steps * (plan.step_warmup + plan.step_seconds) * 1.2 + 30.0
+    job = msgspec.structs.replace(cfg, concurrency=0, rate=0.0, duration=longest)
+    return fleet.live(job, "sweep", lambda notice: say(notice.text), steered=True)
+
+
 async def sweep_main(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None, *,
-                     record: bool = True) -> int:
+                     record: bool = True, fleet: FleetFrom | None = None) -> int:
+    """`tokentop sweep`; with `fleet` (--broker) the load comes from its agents."""
     seen = TargetSeen()
+    loaded = None
     try:
+        if fleet is not None:
+            loaded = fleet_load(fleet, secrets.mqtt_password if secrets else None)
+            await loaded.open()
+        load = fleet_sweep(loaded, cfg, plan, _to_stderr) if loaded is not None else None
         results = await run_sweep(cfg, plan, secrets, echo=lambda s: print(s, flush=True),
-                                  record=record, sinks=[seen])
-    except SessionError as e:
+                                  record=record, sinks=[seen], load=load)
+    except (SessionError, FleetLoadError) as e:
         print(f"tokentop sweep: {e}", file=sys.stderr)
         return 2
+    finally:
+        if loaded is not None:
+            await loaded.close()
     knee = find_knee(results, plan.knee_fraction)
     best = best_goodput(results)
     unit = "streams" if cfg.mode == "closed" else "req/s"
@@ -284,7 +305,7 @@ class TargetSeen:
         pass
 
 
-async def _run(session: Session, snaps, cfg: RunConfig, plan: SweepPlan,
+async def _run(session: Session | FleetRun, snaps, cfg: RunConfig, plan: SweepPlan,
                echo, progress) -> list[StepResult]:
     steps = plan.steps
     results: list[StepResult] = []

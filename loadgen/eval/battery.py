@@ -32,6 +32,7 @@ from loadgen.analysis.sweep import (
     SweepPlan,
     best_goodput,
     find_knee,
+    fleet_sweep,
     run_sweep,
 )
 from loadgen.analysis.sweep import write_outputs as write_sweep
@@ -148,7 +149,8 @@ async def run_eval(ev: Eval) -> None:
             ev.header = await collect_header(
                 ev.url, plan=plan_to_builtins(ev.plan), started=ev.started, label=ev.label,
                 meta=ev.meta, model=ev.cfg.model, headers=ev.secrets.request_headers())
-            ev.header.load_from = load_from_text(ev)
+            if ev.fleet_load is not None:
+                ev.header.load_from = load_from_text(ev)
         for i, name in enumerate(PHASES, 1):
             if ev.results.of(name) is not None:
                 ev.say(f"eval: phase {i}/{len(PHASES)} {name}: done before, kept")
@@ -186,15 +188,14 @@ async def _fleet(ev: Eval) -> None:
         ev.say(f"eval: warning: {line}")
 
 
-# where a fleet's load cannot stand in: a sweep steers one run's load live, the faults'
-# proxy and the interference neighbour are on this machine, scaling's targets are several
-LOCAL_PHASES = "the ramp, faults, interference and scaling run"
+# where a fleet's load cannot stand in: the faults' proxy and the interference neighbour are
+# on this machine, scaling's targets are several
+LOCAL_PHASES = "faults, interference and scaling over targets run"
 
 
-def load_from_text(ev: Eval) -> str | None:
-    """The header's: where the phases' load came from (None: this machine alone)."""
-    if ev.fleet is None or ev.fleet_load is None:
-        return None
+def load_from_text(ev: Eval) -> str:
+    """The header's: where the phases' load came from, with a fleet."""
+    assert ev.fleet is not None and ev.fleet_load is not None
     return (f"fleet {ev.fleet.fleet}: {', '.join(ev.fleet_load.agents)} "
             f"({LOCAL_PHASES} from this machine)")
 
@@ -352,12 +353,19 @@ async def ramp(ev: Eval) -> PhaseResult:
 
 
 async def _sweep(ev: Eval, cfg: RunConfig, plan: SweepPlan, name: str) -> list[StepResult]:
+    def say(line: str) -> None:
+        ev.say(f"  {name}: {line}")
+
     try:
-        return await run_sweep(cfg, plan, ev.secrets, echo=lambda s: ev.say(f"  {name}: {s}"),
-                               progress=lambda s: ev.say(f"  {name}: {s}"),
-                               sinks=ev.sinks_for("ramp"))
-    except SessionError as e:
+        return await run_sweep(cfg, plan, ev.secrets, echo=say, progress=say,
+                               sinks=ev.sinks_for("ramp"), load=_fleet_sweep(ev, cfg, plan, say))
+    except (SessionError, FleetLoadError) as e:
         raise EvalError(f"{name}: {e}") from None
+
+
+def _fleet_sweep(ev: Eval, cfg: RunConfig, plan: SweepPlan, say: Callable[[str], None]):
+    """With a fleet, the sweep steers its agents' one run."""
+    return None if ev.fleet_load is None else fleet_sweep(ev.fleet_load, cfg, plan, say)
 
 
 async def long_tail(ev: Eval) -> PhaseResult:
@@ -536,19 +544,51 @@ async def scaling(ev: Eval) -> PhaseResult:
     if not p.enabled:
         return skipped("disabled in the plan")
     targets = _scaling_targets(ev)
+    agents = ev.fleet_load.agents if ev.fleet_load is not None else []
+    if len(targets) < 2 and len(agents) >= 2:
+        return await _across_agents(ev, agents)
     if len(targets) < 2:
         return skipped("one target: give [phases.scaling] targets = [URL, URL, …] "
-                       "(replicas of the same server) to measure scaling")
+                       "(replicas of the same server) to measure scaling, or load it from "
+                       "a fleet of two agents or more (--broker) to scale the offered load")
     load = _scaling_load(ev)
     rows = []
     for n in range(1, len(targets) + 1):
         rows.append(await _on_targets(ev, targets[:n], load))
         ev.save()
-    one = rows[0].output_tok_s or 0.0
-    for row in rows:
-        row.efficiency = row.output_tok_s / (row.targets * one) if one else None
+    _efficiency(rows)
     return done(ScalingFigures(per_target_load=load, rows=rows,
                                kind="weak (the same load on each target)"))
+
+
+def _efficiency(rows: list[ScalingRow]) -> None:
+    """Each row's throughput against N × the first row's (N targets, or N agents)."""
+    one = rows[0].output_tok_s or 0.0
+    for row in rows:
+        n = row.agents or row.targets
+        row.efficiency = row.output_tok_s / (n * one) if one else None
+
+
+async def _across_agents(ev: Eval, agents: list[str]) -> PhaseResult:
+    """The offered load scaled across client machines: the same load from each of the
+    first 1, 2, … N agents at once, on the one target; the fleet's merged figures."""
+    p, mode = ev.phases.scaling, ev.phases.baseline.mode
+    load = _scaling_load(ev)
+    rows = []
+    for k in range(1, len(agents) + 1):
+        cfg = phase_cfg(ev, f"scaling-agents-{k}", mode=mode,
+                        concurrency=max(1, int(load)) * k, rate=float(load) * k,
+                        duration=float(p.duration), warmup=float(p.warmup))
+        run_dir = await run_session(ev, f"scaling {k}/{len(agents)} agents", cfg,
+                                    agents=agents[:k])
+        r = soak_report(run_dir, warnings=[])[0].rates
+        rows.append(ScalingRow(targets=1, agents=k, output_tok_s=r.output_tok_s or 0.0,
+                               req_s=r.req_s or 0.0, run_dirs=[str(run_dir)]))
+        ev.save()
+    _efficiency(rows)
+    return done(ScalingFigures(per_target_load=load, rows=rows,
+                               kind="offered load across client machines (the same load "
+                               "from each agent, on one target)"))
 
 
 def _scaling_load(ev: Eval) -> float:

@@ -216,11 +216,18 @@ def _header_differences(first_name: str, first: EvalState, name: str,
                 f"not compared"]
     out = []
     for key in HEADER_FIELDS:
-        was, value = getattr(first.header, key), getattr(e.header, key)
+        was, value = _field(first.header, key), _field(e.header, key)
         if was != value:
             out.append(f"{key.replace('_', ' ')} is {_value(was)} in {first_name}, "
                        f"{_value(value)} in {name}")
     return out
+
+
+def _field(h: Header, key: str) -> Any:
+    """A header's field; the load's origin unset is this machine (an eval without a fleet,
+    or from before it could have one)."""
+    v = getattr(h, key)
+    return "this machine" if key == "load_from" and v is UNSET else v
 
 
 def _value(v: Any) -> str:

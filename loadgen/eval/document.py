@@ -49,7 +49,7 @@ def header_items(state: EvalState) -> list[tuple[str, str]]:
             ("date", h.date),
             ("tokentop", h.tokentop_version),
             ("plan digest", h.plan_digest),
-            ("load from", plain(h.load_from) if h.load_from else "this machine"),
+            ("load from", plain(h.load_from) if h.load_from is not UNSET else "this machine"),
             ("metadata", ", ".join(f"{k}={v}" for k, v in h.meta.items()) or "none (--meta)"),
             *items]
 

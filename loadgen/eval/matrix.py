@@ -541,16 +541,19 @@ def _scaling(results: Results) -> Iterator[Row]:
                   id="scaling.efficiency")
         return
     for row in f.rows:
-        n = row.targets
-        load = f"{f.per_target_load:g} per target"
-        yield Row(dim, f"output tokens/s on {n} target{'s' if n > 1 else ''}",
+        # over targets (scaling.N.…) or over a fleet's agents on one (scaling.agents.N.…)
+        n, unit = (row.agents, "agent") if row.agents else (row.targets, "target")
+        key = f"agents.{n}" if row.agents else f"{n}"
+        load = f"{f.per_target_load:g} per {unit}"
+        many = f"{n} {unit}{'s' if n > 1 else ''}"
+        yield Row(dim, f"output tokens/s {'from' if row.agents else 'on'} {many}",
                   row.output_tok_s, "tok/s", "higher", note=f.kind,
-                  id=f"scaling.{n}.output_tok_s", load=load)
+                  id=f"scaling.{key}.output_tok_s", load=load)
         if n > 1:
             eff = row.efficiency
-            yield Row(dim, f"efficiency on {n} (against {n} × one)",
-                      None if eff is None else eff * 100, "%", "higher",
-                      id=f"scaling.{n}.efficiency", load=load)
+            yield Row(dim, f"efficiency {f'from {many}' if row.agents else f'on {n}'} "
+                      f"(against {n} × one)", None if eff is None else eff * 100, "%",
+                      "higher", id=f"scaling.{key}.efficiency", load=load)
 
 
 def _batch(results: Results) -> Iterator[Row]:

@@ -131,19 +131,20 @@ def phase_cfg(ev: Eval, name: str, **load: Any) -> RunConfig:
 
 async def run_session(ev: Eval, name: str, cfg: RunConfig,
                       on_session: Callable[[Session], None] | None = None, *,
-                      here: bool = False) -> Path:
+                      here: bool = False, agents: list[str] | None = None) -> Path:
     """Run `cfg` through one Session to its end; its run directory. `on_session` gets the
     Session before it starts (the faults phase notes its faults in it). With a fleet
     (--broker) the load comes from its agents, merged into the run directory, unless the
     load must come from this machine (`here`: the client pinned beside a neighbour, one
-    target of several; or a Session to note in, behind this machine's fault proxy)."""
+    target of several; or a Session to note in, behind this machine's fault proxy);
+    `agents`: only those of the fleet's (the scaling across client machines)."""
 
     def say(notice: Notice) -> None:
         ev.say(f"  {name}: {notice.text}")
 
     if ev.fleet_load is not None and not here and on_session is None and cfg.url == ev.url:
         try:
-            return await ev.fleet_load.run(cfg, name, say)
+            return await ev.fleet_load.run(cfg, name, say, agents=agents)
         except FleetLoadError as e:
             raise EvalError(str(e)) from None
 

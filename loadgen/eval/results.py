@@ -230,7 +230,10 @@ class ScalingRow(_Figures, kw_only=True):
     output_tok_s: float
     req_s: float
     run_dirs: list[str]
-    efficiency: float | None = None  # against targets × one; set once every row is in
+    efficiency: float | None = None  # against N × one; set once every row is in
+    # scaling across client machines (a fleet's agents, one target): how many loaded; unset
+    # when the rows scale over targets
+    agents: int | UnsetType = UNSET
 
 
 class ScalingFigures(_Figures, kw_only=True):
@@ -544,7 +547,7 @@ class Header(msgspec.Struct, kw_only=True):
     tokentop_version: str = ""
     plan_digest: str = ""  # sha256 of the plan as eval.json keeps it, first 12 hex digits
     # where the phases' load came from: None this machine; a fleet's agents (--broker)
-    load_from: str | None = None
+    load_from: str | UnsetType = UNSET
     why: dict[str, str] = {}  # a field left None, and why ("engine": "no /version answered")
 
 

@@ -3,8 +3,9 @@
 An agent started with `tokentop agent --accept-jobs` starts no load of its own: it waits
 for jobs. Topics (beside the publisher's, see loadgen.fleet.publisher):
 
-    tokentop/<fleet>/<agent>/job        a job in, QoS 1: {"id", "op": "run", "start_at", "load"}
-                                        or {"id", "op": "stop"}
+    tokentop/<fleet>/<agent>/job        a job in, QoS 1: {"id", "op": "run", "start_at", "load"};
+                                        {"id", "op": "set", "load"} (a sweep's next step: the
+                                        job's new concurrency or rate); {"id", "op": "stop"}
     tokentop/<fleet>/<agent>/job/state  retained, QoS 1: the agent's JobState (idle, running,
                                         done, refused); the last will says "offline"
 
@@ -29,7 +30,7 @@ import msgspec
 from loadgen.model.text import plain
 
 JOB_FORMAT = 1
-JobOp = Literal["run", "stop"]
+JobOp = Literal["run", "set", "stop"]
 AgentJobState = Literal["idle", "running", "done", "refused", "offline"]
 READY_STATES: tuple[AgentJobState, ...] = ("idle", "done", "refused")
 # a job's start at most this far ahead: a clock far off is refused, not waited for

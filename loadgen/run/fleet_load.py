@@ -25,7 +25,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +38,8 @@ from loadgen.fleet.publisher import decode_snapshot
 from loadgen.fleet.tick_merge import job_tick
 from loadgen.model.notice import Notice
 from loadgen.model.outage import OutageTally
-from loadgen.model.snapshot import Snapshot
+from loadgen.model.slo import parse_slos
+from loadgen.model.snapshot import Control, Snapshot
 from loadgen.model.text import plain
 from loadgen.model.urls import public_url
 from loadgen.model.windows import SnapshotWindows
@@ -109,9 +110,7 @@ class FleetLoad:
                              f"{uuid.uuid4().hex[:6]}")
         self._task: asyncio.Task | None = None
         self._client = None
-        self._parts: dict[str, _Part] = {}
-        self._job: str | None = None
-        self._changed = asyncio.Event()
+        self._run: FleetRun | None = None  # the job under way
 
     # ---- the link -----------------------------------------------------------------------
 
@@ -185,15 +184,93 @@ class FleetLoad:
 
     def _take_state(self, agent: str, state: JobState) -> None:
         self.states[agent] = state
-        part = self._parts.get(agent)
-        if part is not None and state.job == self._job:
+        if self._run is not None:
+            self._run.take_state(agent, state)
+
+    def _take_snapshot(self, agent: str, snap: Snapshot) -> None:
+        if self._run is not None:
+            self._run.take_snapshot(agent, snap)
+
+    async def send(self, agent: str, job: Job) -> None:
+        if self._client is None:
+            raise FleetLoadError(f"lost the broker {self.settings.display}")
+        await self._client.publish(topic(self.fleet, agent, "job"), jobs.encode(job), qos=1)
+
+    async def ask_resend(self, agent: str, run_id: str, first: int, last: int) -> None:
+        if self._client is not None:
+            body = {"run_id": run_id, "seqs": [[first, last]]}
+            with contextlib.suppress(Exception):
+                await self._client.publish(topic(self.fleet, agent, "resend"),
+                                           json.dumps(body), qos=1)
+
+    # ---- runs ---------------------------------------------------------------------------
+
+    def live(self, cfg: RunConfig, name: str, say: Say, *,
+             agents: list[str] | None = None, steered: bool = False) -> FleetRun:
+        """A run of `cfg`'s load on the agents (or those named), to start(), follow through
+        snapshots() and finish(), as a Session is (a sweep steers it with control())."""
+        if self._run is not None:
+            raise FleetLoadError(f"{name}: the fleet is running {self._run.name}")
+        names = [a for a in self.agents if agents is None or a in agents]
+        self._run = FleetRun(self, cfg, name, say, names, steered=steered)
+        return self._run
+
+    async def run(self, cfg: RunConfig, name: str, say: Say, *,
+                  agents: list[str] | None = None) -> Path:
+        """`cfg`'s load from the agents (or those of them named), recorded merged in
+        `cfg.out`; that directory. `say`: its progress and warnings."""
+        run = self.live(cfg, name, say, agents=agents)
+        try:
+            await run.start()
+            async for _ in run.snapshots():
+                pass
+        finally:
+            path = await run.finish()
+        return path
+
+    def ended(self, run: FleetRun) -> None:
+        if self._run is run:
+            self._run = None
+
+
+class FleetRun:
+    """One job on the fleet, merged as it comes: what a Session is to the one machine."""
+
+    def __init__(self, fleet: FleetLoad, cfg: RunConfig, name: str, say: Say,
+                 agents: list[str], *, steered: bool) -> None:
+        if cfg.duration is None:
+            raise FleetLoadError(f"{name}: a load from the fleet needs a duration")
+        self.fleet, self.cfg, self.name, self.say = fleet, cfg, name, say
+        self.slos = parse_slos(cfg.slo)
+        self.job_id = f"{re.sub(r'[^A-Za-z0-9._-]', '-', name)[:40]}-{uuid.uuid4().hex[:8]}"
+        self.run_id = f"fleet-{self.job_id}"
+        loads = shares(cfg, len(agents))
+        # an agent whose share is nothing (1 stream over 2 agents) gets no job: an idle run
+        # of its own would only say it served nothing; a steered run's shares change
+        self.parts = {a: _Part(a, load) for a, load in zip(agents, loads, strict=True)
+                      if steered or (load.concurrency if load.mode == "closed"
+                                     else load.rate) > 0}
+        if not self.parts:
+            raise FleetLoadError(f"{name}: no load to share ({loads[0].words()} in all)")
+        self.windows, self.outages = SnapshotWindows(), OutageTally()
+        self.recording: Recording | None = None
+        self._changed = asyncio.Event()
+        self._stopped = False
+        self._complete = False  # every part over and merged
+        self._path: Path | None = None
+
+    # ---- what the link brings -----------------------------------------------------------
+
+    def take_state(self, agent: str, state: JobState) -> None:
+        part = self.parts.get(agent)
+        if part is not None and state.job == self.job_id:
             part.state = state
             if state.state == "done" and part.done_at is None:
                 part.done_at = time.monotonic()
-        self._changed.set()
+            self._changed.set()
 
-    def _take_snapshot(self, agent: str, snap: Snapshot) -> None:
-        part = self._parts.get(agent)
+    def take_snapshot(self, agent: str, snap: Snapshot) -> None:
+        part = self.parts.get(agent)
         if part is None or part.run_id != snap.run_id:
             return  # not this job's run (or its running state is still on its way)
         part.ticks[snap.seq] = snap
@@ -201,61 +278,52 @@ class FleetLoad:
             part.last_seq, part.stopped_at = snap.seq, time.monotonic()
         self._changed.set()
 
-    async def _send(self, agent: str, job: Job) -> None:
-        if self._client is None:
-            raise FleetLoadError(f"lost the broker {self.settings.display}")
-        await self._client.publish(topic(self.fleet, agent, "job"), jobs.encode(job), qos=1)
+    # ---- start, follow, steer, stop, finish ---------------------------------------------
 
-    # ---- one run ------------------------------------------------------------------------
-
-    async def run(self, cfg: RunConfig, name: str, say: Say) -> Path:
-        """`cfg`'s load from the agents, recorded merged in `cfg.out`; that directory.
-        `say`: its progress and warnings."""
-        if cfg.duration is None:
-            raise FleetLoadError(f"{name}: a load from the fleet needs a duration")
-        job_id = f"{re.sub(r'[^A-Za-z0-9._-]', '-', name)[:40]}-{uuid.uuid4().hex[:8]}"
-        loads = shares(cfg, len(self.agents))
-        # an agent whose share is nothing (1 stream over 2 agents) gets no job: an idle run
-        # of its own would only say it served nothing
-        self._parts = {a: _Part(a, load) for a, load in zip(self.agents, loads, strict=True)
-                       if (load.concurrency if load.mode == "closed" else load.rate) > 0}
-        if not self._parts:
-            raise FleetLoadError(f"{name}: no load to share ({loads[0].words()} in all)")
-        self._job = job_id
-        start_at = time.time() + START_LEAD_S
-        say(Notice("run", "from " + ", ".join(
-            f"{a} ({p.load.words()})" for a, p in self._parts.items())))
+    async def start(self) -> None:
+        """Every agent's job sent and running, the merged run directory open; raises
+        FleetLoadError in words (and stops whatever started)."""
+        cfg = self.cfg
         try:
-            for agent, part in self._parts.items():
-                await self._send(agent, Job(id=job_id, op="run", start_at=start_at,
-                                            load=part.load))
-            await self._started(name)
-            return await self._record(cfg, name, job_id, say)
-        except BaseException:
-            await self._stop_all(job_id)
+            self.recording = Recording.open(config=msgspec.to_builtins(cfg),
+                                            run_id=self.run_id, out=cfg.out,
+                                            on_disk_full=cfg.on_disk_full)
+        except RecordingError as e:
+            self.fleet.ended(self)
+            raise FleetLoadError(f"{self.name}: {e}") from None
+        start_at = time.time() + START_LEAD_S
+        self.say(Notice("run", "from " + ", ".join(
+            f"{a} ({p.load.words()})" for a, p in self.parts.items())))
+        try:
+            for agent, part in self.parts.items():
+                await self.fleet.send(agent, Job(id=self.job_id, op="run", start_at=start_at,
+                                                 load=part.load))
+            await self._started()
+        except BaseException as e:
+            await self._stop_all()
+            self.recording.discard({"error": str(e)})
+            self.fleet.ended(self)
             raise
-        finally:
-            self._job = None
 
-    async def _started(self, name: str) -> None:
+    async def _started(self) -> None:
         """Every agent running this job, or FleetLoadError naming the one that is not."""
         deadline = time.monotonic() + START_LEAD_S + ANSWER_S
         while True:
             waiting = []
-            for part in self._parts.values():
+            for part in self.parts.values():
                 st = part.state
                 if st is not None and st.state == "refused":
-                    raise FleetLoadError(f"{name}: agent {part.agent} refused the job: "
+                    raise FleetLoadError(f"{self.name}: agent {part.agent} refused the job: "
                                          f"{plain(st.reason or '', 200)}")
                 if st is not None and st.state == "done" and st.run_id is None:
-                    raise FleetLoadError(f"{name}: agent {part.agent} could not start the "
-                                         f"run: {plain(st.reason or '', 200)}")
+                    raise FleetLoadError(f"{self.name}: agent {part.agent} could not start "
+                                         f"the run: {plain(st.reason or '', 200)}")
                 if st is None or st.run_id is None:
                     waiting.append(part.agent)
             if not waiting:
                 return
             if time.monotonic() > deadline:
-                raise FleetLoadError(f"{name}: no answer to the job from "
+                raise FleetLoadError(f"{self.name}: no answer to the job from "
                                      f"{', '.join(waiting)} in {ANSWER_S:.0f} s")
             await self._wait_change(1.0)
 
@@ -264,66 +332,97 @@ class FleetLoad:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout)
 
-    async def _stop_all(self, job_id: str) -> None:
-        with contextlib.suppress(Exception):
-            for agent in self._parts:
-                await self._send(agent, Job(id=job_id, op="stop"))
+    async def control(self, msg: Control) -> None:
+        """A sweep's step: the load set on the fleet, each agent its share of it."""
+        if msg.op not in ("set_concurrency", "set_rate") or msg.value is None:
+            raise FleetLoadError(f"{self.name}: {msg.op} is not steered across a fleet")
+        n = len(self.parts)
+        values = (jobs.split_streams(int(msg.value), n) if msg.op == "set_concurrency"
+                  else jobs.split_rate(float(msg.value), n))
+        for (agent, part), value in zip(self.parts.items(), values, strict=True):
+            part.load = msgspec.structs.replace(
+                part.load, **({"concurrency": value} if msg.op == "set_concurrency"
+                              else {"rate": value}))
+            await self.fleet.send(agent, Job(id=self.job_id, op="set", load=part.load))
 
-    async def _record(self, cfg: RunConfig, name: str, job_id: str, say: Say) -> Path:
-        run_id = f"fleet-{job_id}"
-        try:
-            recording = Recording.open(config=msgspec.to_builtins(cfg), run_id=run_id,
-                                       out=cfg.out, on_disk_full=cfg.on_disk_full)
-        except RecordingError as e:
-            raise FleetLoadError(f"{name}: {e}") from None
-        windows, outages = SnapshotWindows(), OutageTally()
-        seq, said, stopped = 0, time.monotonic(), False
-        limit = (time.monotonic() + START_LEAD_S + (cfg.warmup or 0) + cfg.duration
+    def request_stop(self, reason: str | None = None) -> None:
+        """Stop every agent's part in order (their drains, then their last ticks)."""
+        if not self._stopped:
+            self._stopped = True
+            task = asyncio.ensure_future(self._stop_all())
+            task.add_done_callback(lambda t: t.exception())
+
+    async def _stop_all(self) -> None:
+        with contextlib.suppress(Exception):
+            for agent in self.parts:
+                await self.fleet.send(agent, Job(id=self.job_id, op="stop"))
+
+    async def snapshots(self) -> AsyncIterator[Snapshot]:
+        """The fleet's ticks as every agent's come in, recorded; ends when every part has
+        ended (or the run's time is long over: said)."""
+        assert self.recording is not None
+        cfg, recording = self.cfg, self.recording
+        seq, said = 0, time.monotonic()
+        limit = (time.monotonic() + START_LEAD_S + (cfg.warmup or 0) + (cfg.duration or 0)
                  + cfg.drain_grace + ANSWER_S + END_WAIT_S)
         while True:
-            for snap in self._merged(run_id, seq):
-                windows.add(snap)
-                outages.add(snap)
+            for snap in self._merged(seq):
+                self.windows.add(snap)
+                self.outages.add(snap)
                 recording.take(snap)
                 seq = snap.seq + 1
-            if recording.stop_load and not stopped:  # a full disk, under the default policy
-                stopped = True
-                say(Notice("warning", f"{recording.error or 'recording failed'}: stopping "
-                           "the agents' load"))
-                await self._stop_all(job_id)
+                yield snap
+            if recording.stop_load and not self._stopped:  # a full disk, by default
+                self.say(Notice("warning", f"{recording.error or 'recording failed'}: "
+                                "stopping the agents' load"))
+                self.request_stop()
             if self._over(seq):
-                break
+                self._complete = True
+                return
             now = time.monotonic()
             if now > limit:
-                say(Notice("warning", f"{self._unfinished()} did not finish "
-                                "in time: recorded as far as it reported"))
-                break
-            if now - said > PROGRESS_EVERY_S and windows.last is not None:
+                self.say(Notice("warning", f"{self._unfinished()} did not finish in time: "
+                                "recorded as far as it reported"))
+                return
+            if now - said > PROGRESS_EVERY_S and self.windows.last is not None:
                 said = now
-                say(Notice("progress", _progress(windows.last, len(self._parts))))
-            await self._ask_again(run_id)
+                self.say(Notice("progress", _progress(self.windows.last, len(self.parts))))
+            await self._ask_again()
             await self._wait_change(1.0)
-        summary = build_summary(cfg, windows)
+
+    async def finish(self) -> Path:
+        """The summary (the same windows, tally and verdicts as a Session's), the recording
+        closed, agents.json beside it; the run directory. Safe to call more than once."""
+        if self._path is not None:
+            return self._path
+        self.fleet.ended(self)
+        if not self._complete:  # ended early (an error, a stop): the agents stop too
+            await self._stop_all()
+        cfg, recording = self.cfg, self.recording
+        assert recording is not None
+        summary = build_summary(cfg, self.windows)
         summary["run_dir"] = str(recording.run_dir) if recording.run_dir else None
         summary["recording_error"] = recording.error
-        summary["stability"] = outages.summary()
-        summary["thresholds"] = thresholds(cfg, windows, summary["stability"])
+        summary["stability"] = self.outages.summary()
+        summary["thresholds"] = thresholds(cfg, self.windows, summary["stability"])
         summary["fleet"] = self._agents_rows()
         code, reason = exit_status(summary)
         summary["exit"] = {"code": code, "reason": reason}
         error = recording.close(summary)
         if error:
-            say(Notice("warning", error))
-        run_dir = Path(recording.run_dir or cfg.out or ".")
+            self.say(Notice("warning", error))
+        self._path = Path(recording.run_dir or cfg.out or ".")
         with contextlib.suppress(OSError):
-            write_json_atomic(run_dir / "agents.json", {"fleet": self.fleet, "job": job_id,
-                                                       "agents": summary["fleet"]})
-        return run_dir
+            write_json_atomic(self._path / "agents.json", {
+                "fleet": self.fleet.fleet, "job": self.job_id, "agents": summary["fleet"]})
+        return self._path
 
-    def _merged(self, run_id: str, seq: int):
+    # ---- merging ------------------------------------------------------------------------
+
+    def _merged(self, seq: int):
         """The fleet's ticks from `seq` on that every agent has reported (or will not)."""
         now = time.monotonic()
-        parts = self._parts.values()
+        parts = self.parts.values()
         while not all(self._beyond(p, seq, now) for p in parts):
             if any(seq not in p.ticks and not self._past(p, seq, now) for p in parts):
                 return  # some agent's tick is still on its way
@@ -336,7 +435,7 @@ class FleetLoad:
                     part.lost += 1  # lost on the way, not after its run's end
             latest = {p.agent: p.latest for p in parts if p.latest is not None}
             if latest:
-                yield job_tick(run_id, seq, ticks, latest)
+                yield job_tick(self.run_id, seq, ticks, latest)
             seq += 1
 
     @staticmethod
@@ -359,13 +458,11 @@ class FleetLoad:
     def _over(self, seq: int) -> bool:
         """Every agent's ticks are merged up to `seq`, none is to come, each part over."""
         now = time.monotonic()
-        return all(p.ended(now) and self._beyond(p, seq, now) for p in self._parts.values())
+        return all(p.ended(now) and self._beyond(p, seq, now) for p in self.parts.values())
 
-    async def _ask_again(self, run_id: str) -> None:
+    async def _ask_again(self) -> None:
         """Ask an agent for the ticks its stream skipped (the publisher's resend)."""
-        if self._client is None:
-            return
-        for part in self._parts.values():
+        for part in self.parts.values():
             if not part.ticks or part.run_id is None:
                 continue
             have = sorted(part.ticks)
@@ -374,18 +471,15 @@ class FleetLoad:
                     and s not in part.asked and have[-1] - s >= RESEND_AFTER]
             if gaps:
                 part.asked.update(gaps)
-                body = {"run_id": part.run_id, "seqs": [[gaps[0], gaps[-1]]]}
-                with contextlib.suppress(Exception):
-                    await self._client.publish(topic(self.fleet, part.agent, "resend"),
-                                               json.dumps(body), qos=1)
+                await self.fleet.ask_resend(part.agent, part.run_id, gaps[0], gaps[-1])
 
     def _unfinished(self) -> str:
         now = time.monotonic()
-        return ", ".join(p.agent for p in self._parts.values() if not p.ended(now)) or "none"
+        return ", ".join(p.agent for p in self.parts.values() if not p.ended(now)) or "none"
 
     def _agents_rows(self) -> list[dict]:
         rows = []
-        for p in self._parts.values():
+        for p in self.parts.values():
             st = p.state
             requests = (st.summary or {}).get("requests", {}) if st is not None else {}
             rows.append({

@@ -24,6 +24,7 @@ from loadgen.fleet import jobs
 from loadgen.fleet.jobs import Job, JobLoad, JobState
 from loadgen.fleet.link import BrokerSettings, MqttLink, topic
 from loadgen.model.notice import Notice
+from loadgen.model.snapshot import Control
 from loadgen.model.text import plain
 from loadgen.model.urls import public_url
 from loadgen.run.config import PublishTo, RunConfig
@@ -135,6 +136,9 @@ class JobAgent:
             if self.session is not None and self.state.job == job_id:
                 self.session.request_stop("stopped by the eval that sent the job")
             return
+        if job.op == "set":
+            await self._set(job_id, job)
+            return
         why = "this agent is stopping" if self._stopping else self._refusal(job)
         if why is not None:
             self.say(Notice("warning", f"job {job_id} refused: {why}"))
@@ -144,6 +148,21 @@ class JobAgent:
             return
         assert job.load is not None
         self._job = asyncio.create_task(self._run(job_id, job))
+
+    async def _set(self, job_id: str, job: Job) -> None:
+        """A sweep's next step for the job running: its concurrency or rate, within caps."""
+        session, load = self.session, job.load
+        if session is None or self.state.job != job_id or load is None:
+            return
+        why = jobs.refusal(msgspec.structs.replace(load, duration=1.0),
+                           max_concurrency=self.publish.max_concurrency,
+                           max_rate=self.publish.max_rate)
+        if why is not None:
+            self.say(Notice("warning", f"job {job_id}: step refused: {why}"))
+            return
+        op, value = (("set_concurrency", float(load.concurrency)) if load.mode == "closed"
+                     else ("set_rate", load.rate))
+        await session.control(Control(op=op, value=value, source="mqtt"))
 
     def _refusal(self, job: Job) -> str | None:
         if self.state.state == "running":

@@ -56,9 +56,10 @@ def test_help_shows_defaults_and_hides_what_a_sweep_does_not_use():
     text = proc.stdout
     assert "--step-seconds STEP_SECONDS" in text and "(default: 20.0)" in text
     assert "(default: 1,2,4,8,16,32,64)" in text
-    for hidden in ("--theme", "--refresh", "--publish", "--mqtt-keepalive", "--concurrency",
+    for hidden in ("--theme", "--refresh", "--publish", "--concurrency",
                    "--auto-ramp", "--rate RATE", "--duration"):
         assert hidden not in text, hidden
+    assert "--broker URL" in text and "--fleet-agents" in text  # the load from a fleet
 
 
 @pytest.mark.parametrize("flag", [["--theme", "x"], ["--publish", "mqtt://h"], ["-c", "4"],

@@ -190,12 +190,22 @@ duration = "2s"
 warmup = "0.5s"
 input_tokens = 8
 output_tokens = 12
+[phases.ramp]
+steps = [2, 4]
+step_duration = "1.5s"
+step_warmup = "0.5s"
+[phases.scaling]
+per_target = "baseline"
+duration = "1.5s"
+warmup = "0s"
 """ + "".join(f"[phases.{p}]\nenabled = false\n" for p in (
-    "conformance", "ramp", "batch", "context", "interference", "priority", "long_tail",
-    "leaks", "memory", "efficiency", "scaling"))
+    "conformance", "batch", "context", "interference", "priority", "long_tail",
+    "leaks", "memory", "efficiency"))
 
 
-async def test_eval_with_broker_runs_its_baseline_from_the_fleet(tmp_path):
+async def test_eval_with_broker_runs_its_phases_from_the_fleet(tmp_path):
+    """The baseline from both agents; the ramp steering both, step by step, in one run;
+    scaling across client machines: the baseline's load from one agent, then each of two."""
     plan = tmp_path / "plan.toml"
     plan.write_text(PLAN)
     out = tmp_path / "eval"
@@ -214,7 +224,29 @@ async def test_eval_with_broker_runs_its_baseline_from_the_fleet(tmp_path):
     run_dir = Path(state["phases"]["baseline"]["run_dir"])
     agents = json.loads((run_dir / "agents.json").read_text())["agents"]
     assert [a["concurrency"] for a in agents] == [2, 2]
-    last = list(iter_snapshots(run_dir))[-1]
-    assert last.counters.requests_ok == served > 0  # every request from the agents
     assert state["phases"]["baseline"]["figures"]["requests"] == summary(run_dir)["requests"]["ok"]
     assert "load from" in (out / "eval.md").read_text()
+
+    scaling = state["phases"]["scaling"]["figures"]
+    assert [r["agents"] for r in scaling["rows"]] == [1, 2]
+    shares = [[a["concurrency"] for a in json.loads(
+        (Path(r["run_dirs"][0]) / "agents.json").read_text())["agents"]]
+        for r in scaling["rows"]]
+    assert shares == [[4], [4, 4]]  # the same load from each agent
+    ramp = state["phases"]["ramp"]
+    assert [st["load"] for st in ramp["figures"]["steps"]] == [2, 4]
+    assert all(st["output_tok_s"] > 0 for st in ramp["figures"]["steps"])
+    ramp_dir = Path(ramp["run_dir"])
+    # one run on both agents, steered: each agent's own recording held 1 then 2 streams
+    ramp_agents = json.loads((ramp_dir / "agents.json").read_text())["agents"]
+    assert [a["concurrency"] for a in ramp_agents] == [2, 2]
+    for a in ramp_agents:
+        held = {s.load.target_concurrency for s in iter_snapshots(Path(a["run_dir"]))}
+        assert {1, 2} <= held <= {0, 1, 2}, (a["agent"], held)
+    # every request the server answered came in one of the eval's fleet runs
+    runs = [run_dir, ramp_dir] + [Path(r["run_dirs"][0]) for r in scaling["rows"]]
+    assert sum(list(iter_snapshots(d))[-1].counters.requests_ok for d in runs) == served
+    one, two = (r["output_tok_s"] for r in scaling["rows"])
+    assert scaling["rows"][1]["efficiency"] == pytest.approx(two / (2 * one))
+    ids = {r["id"] for r in state["rows"]}
+    assert {"scaling.agents.1.output_tok_s", "scaling.agents.2.efficiency"} <= ids

@@ -928,3 +928,50 @@ def broker_settings(args: argparse.Namespace) -> BrokerSettings:
         ca_file=args.mqtt_ca_file, cert_file=args.mqtt_cert_file, key_file=args.mqtt_key_file,
         keepalive=args.mqtt_keepalive,
     )
+
+
+# ---- the load from a fleet's agents (eval, sweep) ---------------------------------------------
+
+
+def add_fleet_load_arguments(p: argparse.ArgumentParser) -> None:
+    """--broker (optional) and its settings, and --fleet-agents: the load from a fleet."""
+    add_broker_arguments(p, required=False)
+    f = p.add_argument_group("load from a fleet (with --broker)")
+    f.add_argument("--fleet-agents", type=agent_names, default=[], metavar="A,B,…",
+                   help="the agents of --fleet whose load is used (default: every one that "
+                   "takes jobs: tokentop agent --accept-jobs); each runs its share, and "
+                   "keeps its own run directory")
+
+
+def agent_names(text: str) -> list[str]:
+    from loadgen.fleet.link import BrokerError, check_level
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    try:
+        return [check_level("agent", n) for n in dict.fromkeys(names)]
+    except BrokerError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def fleet_from(args: argparse.Namespace, prog: str):
+    """--broker's FleetFrom and its password (None, None without --broker); bad broker
+    settings fail here, in words."""
+    if args.broker is None:
+        if args.fleet_agents:
+            fail("--fleet-agents needs --broker: the MQTT broker the agents are on", prog=prog)
+        return None, None
+    from loadgen.fleet.link import BrokerError, check_level
+    from loadgen.run.config import FleetFrom
+
+    if not args.url:
+        fail("--broker needs --url: the agents load a server they can reach, not this "
+             "machine's embedded simulator", prog=prog)
+    try:
+        settings = broker_settings(args)
+        fleet = check_level("fleet", args.fleet)
+    except BrokerError as e:
+        fail(str(e), prog=prog)
+    return FleetFrom(broker=args.broker, fleet=fleet, agents=args.fleet_agents,
+                     keepalive=args.mqtt_keepalive, ca_file=args.mqtt_ca_file,
+                     cert_file=args.mqtt_cert_file,
+                     key_file=args.mqtt_key_file), settings.password

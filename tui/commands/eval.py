@@ -27,9 +27,9 @@ import msgspec
 from tui.commands.args import (
     DefaultsFormatter,
     Parser,
-    add_broker_arguments,
     add_console_arguments,
     add_disk_full_argument,
+    add_fleet_load_arguments,
     add_judging_arguments,
     add_length_arguments,
     add_load_level_arguments,
@@ -42,8 +42,8 @@ from tui.commands.args import (
     add_shaping_arguments,
     add_target_arguments,
     add_trace_arguments,
-    broker_settings,
     fail,
+    fleet_from,
     key_value,
     model_params,
     parse_refusing,
@@ -134,47 +134,8 @@ def eval_parser(*, out_required: bool = True) -> argparse.ArgumentParser:
                    "training job on another GPU) runs beside the baseline load, in its own "
                    "process group, killed with it at the end (wins over the plan's command; "
                    "not recorded)")
-    add_broker_arguments(p, required=False)
-    f = p.add_argument_group("load from a fleet (with --broker)")
-    f.add_argument("--fleet-agents", type=agent_names, default=[], metavar="A,B,…",
-                   help="the agents of --fleet whose load the phases use (default: every one "
-                   "that takes jobs: tokentop agent --accept-jobs); each runs its share, "
-                   "and keeps its own run directory")
+    add_fleet_load_arguments(p)
     return p
-
-
-def agent_names(text: str) -> list[str]:
-    from loadgen.fleet.link import BrokerError, check_level
-
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    try:
-        return [check_level("agent", n) for n in dict.fromkeys(names)]
-    except BrokerError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def fleet_from(args: argparse.Namespace):
-    """--broker's FleetFrom and its password (None, None without --broker); bad broker
-    settings fail here, in words."""
-    if args.broker is None:
-        if args.fleet_agents:
-            fail("--fleet-agents needs --broker: the MQTT broker the agents are on", prog=PROG)
-        return None, None
-    from loadgen.fleet.link import BrokerError, check_level
-    from loadgen.run.config import FleetFrom
-
-    if not args.url:
-        fail("--broker needs --url: the agents load a server they can reach, not this "
-             "machine's embedded simulator", prog=PROG)
-    try:
-        settings = broker_settings(args)
-        fleet = check_level("fleet", args.fleet)
-    except BrokerError as e:
-        fail(str(e), prog=PROG)
-    return FleetFrom(broker=args.broker, fleet=fleet, agents=args.fleet_agents,
-                     keepalive=args.mqtt_keepalive, ca_file=args.mqtt_ca_file,
-                     cert_file=args.mqtt_cert_file,
-                     key_file=args.mqtt_key_file), settings.password
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -195,7 +156,7 @@ def built_eval(args: argparse.Namespace):
     from loadgen.eval.plan import PlanError, default_plan, read_plan
 
     out = Path(args.out)
-    fleet, password = fleet_from(args)
+    fleet, password = fleet_from(args, PROG)
     cfg, secrets = run_config(args), secrets_from(args, mqtt_password=password)
     kw = {"secrets": secrets, "chaos_restart_cmd": args.chaos_restart_cmd,
           "dcgm_url": args.dcgm_url, "label": args.label, "meta": dict(args.meta),

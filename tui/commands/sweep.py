@@ -17,6 +17,7 @@ from tui.commands.args import (
     DefaultsFormatter,
     Parser,
     add_console_arguments,
+    add_fleet_load_arguments,
     add_judging_arguments,
     add_length_arguments,
     add_load_level_arguments,
@@ -30,6 +31,7 @@ from tui.commands.args import (
     add_target_arguments,
     add_trace_arguments,
     fail,
+    fleet_from,
     fraction,
     parse_refusing,
     run_config,
@@ -51,8 +53,9 @@ def main(argv: list[str]) -> int:
     p = sweep_parser()
     args = parse_refusing(p, argv, "a sweep", NOT_FOR_A_SWEEP)
     plan = sweep_plan(args)
-    cfg, secrets = run_config(args), secrets_from(args)
-    return _sweep(cfg, plan, secrets, record=args.record)
+    fleet, password = fleet_from(args, PROG)
+    cfg, secrets = run_config(args), secrets_from(args, mqtt_password=password)
+    return _sweep(cfg, plan, secrets, record=args.record, fleet=fleet)
 
 
 def sweep_parser() -> argparse.ArgumentParser:
@@ -75,6 +78,7 @@ def sweep_parser() -> argparse.ArgumentParser:
     add_machinery_arguments(measured)
     add_recording_arguments(p)
     add_sweep_arguments(p)
+    add_fleet_load_arguments(p)
     return p
 
 
@@ -109,8 +113,8 @@ def sweep_plan(args: argparse.Namespace):
                      out=args.sweep_out)
 
 
-def _sweep(cfg, plan, secrets, *, record: bool) -> int:
+def _sweep(cfg, plan, secrets, *, record: bool, fleet) -> int:
     from loadgen.analysis.sweep import sweep_main
     from loadgen.worker import eventloop
 
-    return eventloop.run(lambda: sweep_main(cfg, plan, secrets, record=record))
+    return eventloop.run(lambda: sweep_main(cfg, plan, secrets, record=record, fleet=fleet))
