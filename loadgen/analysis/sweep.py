@@ -258,7 +258,7 @@ async def sweep_main(cfg: RunConfig, plan: SweepPlan, secrets: Secrets | None, *
     loaded = None
     try:
         if fleet is not None:
-            loaded = fleet_load(fleet, secrets.mqtt_password if secrets else None)
+            loaded = fleet_load(fleet, secrets)
             await loaded.open()
         load = fleet_sweep(loaded, cfg, plan, _to_stderr) if loaded is not None else None
         results = await run_sweep(cfg, plan, secrets, echo=lambda s: print(s, flush=True),

@@ -177,7 +177,7 @@ async def _fleet(ev: Eval) -> None:
     if ev.fleet is None:
         return
     try:
-        load = fleet_load(ev.fleet, ev.secrets.mqtt_password)
+        load = fleet_load(ev.fleet, ev.secrets)
         agents = await load.open()
     except FleetLoadError as e:
         raise EvalError(str(e)) from None

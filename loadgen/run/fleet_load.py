@@ -44,8 +44,9 @@ from loadgen.model.text import plain
 from loadgen.model.urls import public_url
 from loadgen.model.windows import SnapshotWindows
 from loadgen.record.recorder import Recording, RecordingError
-from loadgen.record.rundir import write_json_atomic
+from loadgen.record.rundir import scrub, write_json_atomic
 from loadgen.run.config import FleetFrom, RunConfig
+from loadgen.run.secrets import Secrets
 from loadgen.run.sinks import broker_settings
 from loadgen.run.summary import build_summary, exit_status, thresholds
 
@@ -100,10 +101,11 @@ class FleetLoad:
     """The agents of one fleet on one broker, and the jobs given to them."""
 
     def __init__(self, settings: BrokerSettings, fleet: str, *,
-                 agents: list[str] | None = None) -> None:
+                 agents: list[str] | None = None, secrets: Secrets | None = None) -> None:
         self.settings = settings
         self.fleet = fleet
         self.wanted = agents
+        self.secrets = secrets or Secrets()  # cut out of what is recorded (a --url's password)
         self.states: dict[str, JobState] = {}
         self.agents: list[str] = []
         self.link = MqttLink(settings, identifier=f"tokentop-eval-{fleet}-{os.getpid()}-"
@@ -285,7 +287,7 @@ class FleetRun:
         FleetLoadError in words (and stops whatever started)."""
         cfg = self.cfg
         try:
-            self.recording = Recording.open(config=msgspec.to_builtins(cfg),
+            self.recording = Recording.open(config=self._fit(msgspec.to_builtins(cfg)),
                                             run_id=self.run_id, out=cfg.out,
                                             on_disk_full=cfg.on_disk_full)
         except RecordingError as e:
@@ -406,6 +408,7 @@ class FleetRun:
         summary["stability"] = self.outages.summary()
         summary["thresholds"] = thresholds(cfg, self.windows, summary["stability"])
         summary["fleet"] = self._agents_rows()
+        summary = self._fit(summary)
         code, reason = exit_status(summary)
         summary["exit"] = {"code": code, "reason": reason}
         error = recording.close(summary)
@@ -416,6 +419,10 @@ class FleetRun:
             write_json_atomic(self._path / "agents.json", {
                 "fleet": self.fleet.fleet, "job": self.job_id, "agents": summary["fleet"]})
         return self._path
+
+    def _fit(self, data: dict) -> dict:
+        """`data` with every secret of the eval cut out, as a Session writes its own."""
+        return scrub(data, self.fleet.secrets.values())
 
     # ---- merging ------------------------------------------------------------------------
 
@@ -498,13 +505,15 @@ class FleetRun:
         return rows
 
 
-def fleet_load(f: FleetFrom, password: str | None) -> FleetLoad:
-    """The FleetLoad of --broker and its flags; raises FleetLoadError in words."""
+def fleet_load(f: FleetFrom, secrets: Secrets | None) -> FleetLoad:
+    """The FleetLoad of --broker and its flags (the broker's password with the rest of the
+    run's secrets); raises FleetLoadError in words."""
+    secrets = secrets or Secrets()
     try:
-        settings = broker_settings(f, password)
+        settings = broker_settings(f, secrets.mqtt_password)
     except BrokerError as e:
         raise FleetLoadError(str(e)) from None
-    return FleetLoad(settings, f.fleet, agents=list(f.agents) or None)
+    return FleetLoad(settings, f.fleet, agents=list(f.agents) or None, secrets=secrets)
 
 
 def shares(cfg: RunConfig, agents: int) -> list[JobLoad]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import aiohttp
 import aiomqtt
 import pytest
 from hdrh.histogram import HdrHistogram
-from mosquitto import ROOT, Mosquitto, agent_process, kill_group, settings
+from mosquitto import ROOT, Mosquitto, Recorder, agent_process, kill_group, settings
 from support import running_sim
 
 from loadgen.record.rundir import iter_snapshots
@@ -40,14 +41,21 @@ STREAMS = 5  # 3 + 2
 RATE = 16.0  # req/s: 8 + 8
 
 
+PASSWORD = "mqtt-pw-Kq9-never-written"
+
+
 @contextlib.asynccontextmanager
-async def fleet(tmp: Path):
-    """The broker, the simulator and two agents that take jobs; their run roots."""
-    async with Mosquitto(tmp) as broker, running_sim(**EXACT) as sim:
-        procs = [agent_process(["--accept-jobs", "--broker", broker.url, "--fleet", "t",
+async def fleet(tmp: Path, *, auth: bool = False):
+    """The broker (with `auth`, a user and PASSWORD), the simulator and two agents that
+    take jobs; their run roots."""
+    users = {"lab": PASSWORD} if auth else None
+    async with Mosquitto(tmp, users=users) as broker, running_sim(**EXACT) as sim:
+        url = broker.url_for("lab") if auth else broker.url
+        env = {"TOKENTOP_MQTT_PASSWORD": PASSWORD} if auth else None
+        procs = [agent_process(["--accept-jobs", "--broker", url, "--fleet", "t",
                                 "--name", name, "--url", sim.url, "--workers", "1",
                                 "--tokenizer", "none", "--max-concurrency", "8",
-                                "--out", str(tmp / name)]) for name in AGENTS]
+                                "--out", str(tmp / name)], env=env) for name in AGENTS]
         try:
             yield broker, sim
         finally:
@@ -55,9 +63,9 @@ async def fleet(tmp: Path):
                 kill_group(p)
 
 
-async def opened(broker_url: str, fleet_name: str = "t") -> FleetLoad:
-    load = FleetLoad(settings(broker_url), fleet_name)
+async def opened(broker_url: str, password: str | None = None) -> FleetLoad:
     for _ in range(20):  # the agents' processes take a few seconds to connect
+        load = FleetLoad(settings(broker_url, password), "t")
         try:
             await load.open()
             if len(load.agents) == len(AGENTS):
@@ -65,7 +73,6 @@ async def opened(broker_url: str, fleet_name: str = "t") -> FleetLoad:
         except FleetLoadError:
             pass
         await load.close()
-        load = FleetLoad(settings(broker_url), fleet_name)
     raise AssertionError("the agents never said they take jobs")
 
 
@@ -209,15 +216,25 @@ async def test_eval_with_broker_runs_its_phases_from_the_fleet(tmp_path):
     plan = tmp_path / "plan.toml"
     plan.write_text(PLAN)
     out = tmp_path / "eval"
-    async with fleet(tmp_path) as (broker, sim):
-        await (await opened(broker.url)).close()  # the agents are up and take jobs
-        proc = await asyncio.to_thread(subprocess.run, [
-            sys.executable, "-m", "tui.cli", "eval", "--headless", "--url", sim.url,
-            "--broker", broker.url, "--fleet", "t", "--plan", str(plan), "--out", str(out),
-            "--tokenizer", "none", "--workers", "1"],
-            cwd=ROOT, capture_output=True, text=True, timeout=150)
+    async with fleet(tmp_path, auth=True) as (broker, sim):
+        # the agents are up and take jobs; and everything they send is kept, to look in
+        await (await opened(broker.url_for("lab"), PASSWORD)).close()
+        async with Recorder(settings(broker.url_for("lab"), PASSWORD)) as bus:
+            proc = await asyncio.to_thread(subprocess.run, [
+                sys.executable, "-m", "tui.cli", "eval", "--headless", "--url", sim.url,
+                "--broker", broker.url_for("lab"), "--fleet", "t", "--plan", str(plan),
+                "--out", str(out), "--tokenizer", "none", "--workers", "1"],
+                cwd=ROOT, capture_output=True, text=True, timeout=150,
+                env={**os.environ, "TOKENTOP_MQTT_PASSWORD": PASSWORD})
         served = await served_ok(sim)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the broker's password is nowhere: not on the bus, not in any file of the eval's or the
+    # agents' run directories, not in what the eval printed
+    assert bus.messages and not [t for t, p, _ in bus.messages if PASSWORD.encode() in p]
+    written = [f for f in tmp_path.rglob("*") if f.is_file() and "mosquitto" not in str(f)]
+    assert len(written) > 20
+    assert not [f for f in written if PASSWORD.encode() in f.read_bytes()]
+    assert PASSWORD not in proc.stdout + proc.stderr
     assert "the load from fleet t: a1, a2" in proc.stderr
     state = json.loads((out / "eval.json").read_text())
     assert state["header"]["load_from"].startswith("fleet t: a1, a2")
