@@ -10,6 +10,10 @@ reads a run directory (the eval's phases, `tokentop report`) reads a fleet's ali
 `agents.json` beside it names each agent's share, its own run directory (on its machine),
 its run's exit and its requests; each agent keeps its own recording.
 
+FleetLoad holds the link; each job is a FleetRun, which is to the fleet what a Session is
+to this machine (start, snapshots, control, request_stop, finish), so a sweep steers one
+the way it steers a Session: each step's load split again over the agents ("set" jobs).
+
 A tick an agent's stream lost is asked again (the publisher's resend); one still missing
 is merged without that agent's histograms (its counters are cumulative, so the totals
 stay whole) and counted in agents.json.

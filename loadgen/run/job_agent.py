@@ -65,6 +65,8 @@ class JobAgent:
         self.state = JobState(agent=self.name, state="idle", **self._own())
         self.session: Session | None = None
         self._job: asyncio.Task | None = None
+        self._job_id: str | None = None
+        self._stop_before_start = asyncio.Event()
         self._client = None
         self._stopping = False
         self.done = asyncio.Event()
@@ -98,6 +100,7 @@ class JobAgent:
         """Stop taking jobs; a job running is stopped in order (`now`: its requests in
         flight cancelled), then run() returns."""
         self._stopping = True
+        self._stop_before_start.set()
         if self.session is not None:
             if now:
                 self.session.abort("the agent was stopped again")
@@ -133,7 +136,8 @@ class JobAgent:
             return
         job_id = plain(job.id, jobs.ECHO_LIMIT)  # it came from outside: shown, recorded
         if job.op == "stop":
-            if self.session is not None and self.state.job == job_id:
+            if self.session is not None and self._job_id == job_id:
+                self._stop_before_start.set()  # a stop in the wait for its start: not run
                 self.session.request_stop("stopped by the eval that sent the job")
             return
         if job.op == "set":
@@ -142,17 +146,23 @@ class JobAgent:
         why = "this agent is stopping" if self._stopping else self._refusal(job)
         if why is not None:
             self.say(Notice("warning", f"job {job_id} refused: {why}"))
-            busy = self.state.state == "running"
             await self._tell(JobState(agent=self.name, state="refused", job=job_id, reason=why,
-                                      **self._own()), retain=not busy)
+                                      **self._own()), retain=not self._busy)
             return
         assert job.load is not None
+        self._job_id = job_id
+        self._stop_before_start = asyncio.Event()
         self._job = asyncio.create_task(self._run(job_id, job))
+
+    @property
+    def _busy(self) -> bool:
+        """A job is under way: waiting for its start, running, or finishing."""
+        return self._job is not None and not self._job.done()
 
     async def _set(self, job_id: str, job: Job) -> None:
         """A sweep's next step for the job running: its concurrency or rate, within caps."""
         session, load = self.session, job.load
-        if session is None or self.state.job != job_id or load is None:
+        if session is None or self._job_id != job_id or load is None:
             return
         why = jobs.refusal(msgspec.structs.replace(load, duration=1.0),
                            max_concurrency=self.publish.max_concurrency,
@@ -165,8 +175,8 @@ class JobAgent:
         await session.control(Control(op=op, value=value, source="mqtt"))
 
     def _refusal(self, job: Job) -> str | None:
-        if self.state.state == "running":
-            return f"this agent is running job {self.state.job}"
+        if self._busy:
+            return f"this agent is running job {self._job_id}"
         if job.load is None:
             return "a run job needs its load"
         if job.start_at - time.time() > jobs.MAX_START_AHEAD_S:
@@ -184,7 +194,14 @@ class JobAgent:
         session = self.session = Session(cfg, self.secrets, record=self.record,
                                          say=self.say)
         try:
-            await asyncio.sleep(max(0.0, job.start_at - time.time()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_before_start.wait(),
+                                       max(0.0, job.start_at - time.time()))
+            if self._stop_before_start.is_set() or self._stopping:
+                await self._tell(JobState(agent=self.name, state="done", job=job_id,
+                                          reason="stopped before it started",
+                                          exit=EXIT_UNUSABLE, **self._own()))
+                return
             try:
                 await session.start()
             except SessionError as e:

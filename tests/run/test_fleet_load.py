@@ -20,15 +20,18 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
 import aiomqtt
 import pytest
 from hdrh.histogram import HdrHistogram
-from mosquitto import ROOT, Mosquitto, Recorder, agent_process, kill_group, settings
+from mosquitto import ROOT, Mosquitto, Recorder, agent_process, kill_group, settings, until
 from support import running_sim
 
+from loadgen.fleet import jobs
+from loadgen.fleet.jobs import Job, JobLoad
 from loadgen.record.rundir import iter_snapshots
 from loadgen.run.config import RunConfig
 from loadgen.run.fleet_load import FleetLoad, FleetLoadError
@@ -176,6 +179,24 @@ async def test_the_fleets_run_is_its_agents_merged_exactly(tmp_path):
     seen = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
     assert RATE * 0.8 < seen < RATE * 1.2, seen
     assert list(iter_snapshots(opened_loop))[-1].counters.requests_ok == len(arrivals)
+
+
+async def test_a_job_stopped_before_its_start_never_loads_the_server(tmp_path):
+    async with fleet(tmp_path) as (broker, sim):
+        await (await opened(broker.url)).close()
+        async with Recorder(settings(broker.url), "tokentop/t/a1/job/state") as states, \
+                aiomqtt.Client("127.0.0.1", broker.port) as raw:
+            run = Job(id="early", op="run", start_at=time.time() + 3.0,
+                      load=JobLoad(concurrency=2, duration=5.0, tick=0.25))
+            await raw.publish("tokentop/t/a1/job", jobs.encode(run), qos=1)
+            await raw.publish("tokentop/t/a1/job", jobs.encode(Job(id="early", op="stop")),
+                              qos=1)
+            await until(lambda: any(b'"job":"early"' in p and b'"state":"done"' in p
+                                    for _, p, _ in states.messages), 15, "the job's end")
+        served = await served_rows(sim)
+    (done,) = [jobs.decode_state(p) for _, p, _ in states.messages if b'"done"' in p]
+    assert done.reason == "stopped before it started" and done.run_id is None
+    assert served == []
 
 
 async def test_a_fleet_without_agents_taking_jobs_says_how_to_start_one(tmp_path):
