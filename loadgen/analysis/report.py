@@ -57,6 +57,7 @@ from loadgen.model.slo import parse_slos
 from loadgen.model.snapshot import Snapshot
 from loadgen.model.text import plain, plain_all
 from loadgen.model.trend import MIN_SLOPE_SPAN_S
+from loadgen.model.windows import SnapshotWindows
 from loadgen.record.rundir import (
     INTERRUPTED,
     RUNNING,
@@ -67,6 +68,8 @@ from loadgen.record.rundir import (
     read_manifest,
     run_state,
 )
+from loadgen.run.summary import class_rows
+from loadgen.worker.distributions import WorkloadError
 
 CELL_LIMIT = 200  # characters of a recorded event's words in a table cell
 PLOTS = ("throughput", "latency", "queue", "gpu", "server_rss")
@@ -201,6 +204,9 @@ class Report(SoakResult, kw_only=True):
 
     pauses: list[Pause] = msgspec.field(default_factory=list)  # not in the first reports
     faults: list[FaultRow] = msgspec.field(default_factory=list)  # the "fault" events' spans
+    # --mix: a row a class over the same window as the run's summary (loadgen.run.summary's
+    # class_rows: requests, throughput, goodput, percentiles, its own limits' verdicts)
+    classes: list[dict[str, Any]] = msgspec.field(default_factory=list)
     run_dir: str
     # what the run is of, in words (the plots' titles): the eval's phase, the load, the target
     subject: str = ""
@@ -273,10 +279,14 @@ def soak_report(run_dir: Path | str, *, slo: str | None = None, bucket_s: float 
     analyzer = SoakAnalyzer(slos=slos, bucket_s=bucket_s, tail_k=tail_k, tail_abs_us=tail_abs_us)
     pauses = Pauses()
     faults = FaultSpans(run_dir, warnings.append)
+    mix = (manifest.get("config") or {}).get("mix") or []
+    windows = SnapshotWindows() if mix else None  # each class's own, as the summary's
     for snap in iter_snapshots(run_dir, warn=warnings.append):
         analyzer.add(snap)
         pauses.see(snap)
         faults.see(snap)
+        if windows is not None:
+            windows.add(snap)
     soak = analyzer.analysis()
     drift = soak.drift
     # the analyzer's span_h, unrounded (the Slope's is rounded)
@@ -293,11 +303,24 @@ def soak_report(run_dir: Path | str, *, slo: str | None = None, bucket_s: float 
             "tokentop_version", "run_id", "status", "start_time", "end_time", "engine", "host",
             "gpus", "gpu_source", "resumes", "recording_stopped")},
         status=STATUS_TEXT.get(state, state) + ("" if manifest else "; no manifest.json"),
-        slo=slo, warnings=warnings)
+        slo=slo, warnings=warnings, classes=_class_rows(mix, slo, windows, warnings))
     # a recording is outside text (another machine's, an older tokentop's, edited): every
     # string it gave the report (the model, event words, warnings quoting a line) is made
     # plain here, once, before the summary, report.md, report.json or a plot label has it
     return plain_all(result), analyzer
+
+
+def _class_rows(mix: list, slo: str | None, windows: SnapshotWindows | None,
+                warnings: list[str]) -> list[dict]:
+    """The recording's --mix classes, each as the run's summary gives it; a mix that does
+    not read (an edited manifest) is a warning, not a report lost."""
+    if windows is None:
+        return []
+    try:
+        return class_rows([str(m) for m in mix], slo, windows)
+    except WorkloadError as e:
+        warnings.append(f"the recorded --mix does not read, no class rows: {e}")
+        return []
 
 
 def subject_of(run_dir: Path, manifest: dict) -> str:
@@ -407,9 +430,52 @@ def summary_lines(r: dict) -> list[str]:
         lines.append(f"  long tail ({lt['rule']}): {counts} intervals")
     for t in r["thresholds"]:
         lines.append(f"  {'PASS' if t['passed'] else 'FAIL'} {t['shown']}")
+    lines += _class_lines(r.get("classes") or [])
     for w in r["warnings"][:5]:
         lines.append(f"  warning: {w}")
     return lines
+
+
+def _class_lines(rows: list[dict]) -> list[str]:
+    """A line a --mix class (its priority, requests, share, TTFT and E2E tail, goodput),
+    then its own limits' verdicts."""
+    lines = []
+    for c in rows:
+        lat = c["latency_ms"]
+        ttft, e2e = lat.get("ttft") or {}, lat.get("e2e") or {}
+        req = c["requests"]
+        goodput = c["throughput"]["goodput_req_s"]
+        lines.append(
+            f"  class {c['name']} (priority {c['priority']}): {req['ok']} ok, {req['failed']} "
+            f"failed; {_pct(c['share_sent'])} of the requests ({_pct(c['share_asked'])} "
+            f"asked); TTFT p50 {_ms(ttft.get('p50'))} p99 {_ms(ttft.get('p99'))}, E2E p99 "
+            f"{_ms(e2e.get('p99'))}"
+            + (f"; goodput {units.rate(goodput, 'req/s')}" if goodput is not None else ""))
+        for t in c.get("thresholds") or []:
+            lines.append(f"    {'PASS' if t['passed'] else 'FAIL'} {c['name']}: {t['shown']}")
+    return lines
+
+
+def _class_table(rows: list[dict]) -> list[str]:
+    """report.md's --mix classes: a row each, its verdicts in the last cell."""
+    if not rows:
+        return []
+    out = ["## Classes (--mix)", "", "| class | priority | ok | failed | share sent (asked) | "
+           "TTFT p50 | TTFT p99 | E2E p99 | goodput | its limits |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in rows:
+        lat = c["latency_ms"]
+        ttft, e2e = lat.get("ttft") or {}, lat.get("e2e") or {}
+        goodput = c["throughput"]["goodput_req_s"]
+        verdicts = ", ".join(f"`{t['text']}` {'pass' if t['passed'] else '**FAIL**'}"
+                             for t in c.get("thresholds") or []) or "none"
+        out.append(f"| {_cell(c['name'])} | {c['priority']} | {c['requests']['ok']} | "
+                   f"{c['requests']['failed']} | {_pct(c['share_sent'])} "
+                   f"({_pct(c['share_asked'])}) | {_ms(ttft.get('p50'))} | "
+                   f"{_ms(ttft.get('p99'))} | {_ms(e2e.get('p99'))} | "
+                   f"{units.rate(goodput, 'req/s') if goodput is not None else 'n/a'} | "
+                   f"{verdicts} |")
+    return [*out, ""]
 
 
 def _drain_text(drain: dict | None) -> str:
@@ -529,6 +595,7 @@ def markdown(r: dict, plots: list[str]) -> str:
             out.append(f"| `{t['text']}` | {t['shown'].split(': ', 1)[-1]} | "
                        f"{'pass' if t['passed'] else '**FAIL**'} |")
         out.append("")
+    out += _class_table(r.get("classes") or [])
     out += ["## Outages", ""]
     if r["outages"]:
         out += ["| kind | start | end | duration | failed requests | why |",

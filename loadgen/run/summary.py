@@ -165,6 +165,19 @@ def thresholds(cfg: RunConfig, windows: SnapshotWindows,
     return out
 
 
+def class_rows(mix: list[str], slo: str | None, windows: SnapshotWindows) -> list[dict]:
+    """Each --mix class's summary row over `windows`' run window, with its own limits'
+    verdicts (`thresholds`): a recording's classes as `tokentop report` tells them.
+    Raises WorkloadError in words for a mix that does not read."""
+    classes = parse_mix(mix)
+    rows = _classes(classes, windows, windows.stats("run"),
+                    parse_slos(slo).per_request).get("classes", [])
+    for row, c in zip(rows, classes, strict=True):
+        row["thresholds"] = _judged(c.slos(), windows.classes.get(c.name) or SnapshotWindows(),
+                                    None)
+    return rows
+
+
 def _judged(slos: Slos, windows: SnapshotWindows, stability: dict | None) -> list[dict]:
     if not slos.thresholds:
         return []

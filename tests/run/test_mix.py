@@ -15,6 +15,7 @@ import aiohttp
 import numpy as np
 from support import WAIT_S, root, running_sim, tokentop
 
+from loadgen.analysis.report import analyze_dir, markdown, summary_lines
 from loadgen.record.replay import ReplaySource
 from loadgen.record.rundir import iter_snapshots
 from tui.app import TokentopApp
@@ -94,6 +95,31 @@ async def test_each_class_is_sent_counted_and_measured_as_its_own(tmp_path):
     assert [(t["class"], t["passed"]) for t in summary["thresholds"]] == [
         (c[0], True) for c in CLASSES]
     await _console_shows_each_class(tmp_path / "run", rows)
+    _report_tells_each_class(tmp_path / "run", ok, summary)
+
+
+def _report_tells_each_class(run_dir, ok: list[dict], summary: dict) -> None:
+    """`tokentop report` of the run: a row a class, its TTFT its own requests' by the
+    server's clock (numpy over the server's record), its verdicts those of the run's end."""
+    r, _ = analyze_dir(run_dir)
+    assert [c["name"] for c in r["classes"]] == [c[0] for c in CLASSES]
+    drained = (summary["drain"] or {}).get("requests_ok", 0)
+    outside = 0  # the server's requests of each class that the window does not hold
+    for row, (name, _share, _in, _out, priority) in zip(r["classes"], CLASSES, strict=True):
+        mine = [s for s in ok if s["priority"] == priority]
+        assert 0 < row["requests"]["ok"] <= len(mine)
+        outside += len(mine) - row["requests"]["ok"]
+        server_ms = np.array([s["first_token_s"] for s in mine]) * 1e3
+        truth = float(np.percentile(server_ms, 50, method="inverted_cdf"))
+        got = row["latency_ms"]["ttft"]["p50"]
+        assert truth - 0.5 <= got <= truth + CLIENT_AFTER_MS, (name, got, truth)
+        assert [t["passed"] for t in row["thresholds"]] == [
+            t["passed"] for t in summary["thresholds"] if t.get("class") == name]
+    assert outside == drained  # the classes' windows are the run's: only the drain is out
+    text = "\n".join(summary_lines(r))
+    for name, *_ in CLASSES:
+        assert f"class {name} (priority" in text and f"PASS {name}: " in text
+    assert "## Classes (--mix)" in markdown(r, [])
 
 
 async def _console_shows_each_class(run_dir, rows: dict[str, dict]) -> None:
