@@ -64,9 +64,9 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
                    help=argparse.SUPPRESS)
     g.add_argument("--json", type=Path, help="write the final summary here")
     g.add_argument("--accept-jobs", action="store_true",
-                   help="start no load of its own: run the load jobs `tokentop eval --fleet` "
-                   "sends (at this agent's --url, within --max-concurrency / --max-rate), "
-                   "each recorded under --out")
+                   help="start no load of its own: run the load jobs that `tokentop eval "
+                   "--broker` and `tokentop sweep --broker` send (at this agent's --url, "
+                   "within --max-concurrency / --max-rate), each recorded under --out")
 
 
 def _quiet_logging() -> None:
