@@ -30,8 +30,10 @@ T_MS, I_MS = 30.0, 5.0  # the simulator's exact TTFT and ITL
 R, N = 6, 16  # reasoning tokens, output tokens a request
 SLACK_MS = 3.0  # the client's error against a stamp: one shared 2-core machine
 # against the schedule, the server's own lateness on that machine (its connection setup,
-# its loop waking after a deadline) comes on top: the stamps are the tight truth
-LATE_MS = 10.0
+# its loop waking after a deadline) comes on top: the stamps are the tight truth. A fresh
+# CI machine's first request of the module came 12.5 ms late on the schedule (its stamps
+# within SLACK_MS all the same)
+LATE_MS = 20.0
 
 
 def body(*, usage: bool, continuous: bool) -> bytes:
