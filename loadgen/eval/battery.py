@@ -587,8 +587,8 @@ async def _across_agents(ev: Eval, agents: list[str]) -> PhaseResult:
         ev.save()
     _efficiency(rows)
     return done(ScalingFigures(per_target_load=load, rows=rows,
-                               kind="offered load across client machines (the same load "
-                               "from each agent, on one target)"))
+                               kind="offered load across client machines: the same load "
+                               "from each agent, on one target"))
 
 
 def _scaling_load(ev: Eval) -> float:
