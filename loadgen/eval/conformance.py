@@ -388,10 +388,18 @@ async def _json_object(p: Probe) -> Outcome:
     try:
         value = json.loads(text)
     except ValueError:
-        return "no", f"not JSON: {short(text)}"
+        return _not_json(text, choice)
     if not isinstance(value, dict):
         return "partial", f"JSON, not an object: {short(text)}"
     return "yes", f"a JSON object: {short(text)}"
+
+
+def _not_json(text: str, choice: dict) -> Outcome:
+    """A text that does not parse: an object cut off at max_tokens is the model's length, not
+    the server ignoring the format (a constrained small model may ramble inside a string)."""
+    if text.lstrip().startswith("{") and choice.get("finish_reason") == "length":
+        return "partial", f"an object cut off at max_tokens before it closed: {short(text)}"
+    return "no", f"not JSON: {short(text)}"
 
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
@@ -427,7 +435,7 @@ async def _json_schema(p: Probe) -> Outcome:
     try:
         value = json.loads(text)
     except ValueError:
-        return "no", f"not JSON: {short(text)}"
+        return _not_json(text, choice)
     wrong = misfits(value, SCHEMA)
     if wrong:
         return "partial", f"JSON that does not fit the schema ({', '.join(wrong)}): {short(text)}"

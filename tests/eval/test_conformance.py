@@ -163,3 +163,27 @@ def test_the_eval_phase_keeps_a_row_per_check(sim_process, tmp_path):
     shown = comparison([("new", state), ("old", old)])
     for fmt in ("text", "md"):
         assert render(shown, fmt).count(line) == 1
+
+
+@pytest.mark.parametrize(("text", "finish", "verdict"), [
+    ('{"name": "a name that rambles on', "length", "partial"),  # cut off: the model's length
+    ('{"name": "a name that rambles on', "stop", "no"),  # ended there: broken JSON
+    ("Sure! Here is the weather", "length", "no"),  # prose: the format ignored
+])
+async def test_a_json_answer_cut_at_max_tokens_is_partial_not_no(text, finish, verdict):
+    """A constrained small model (a real vLLM's tiny one, tests/engines) may ramble inside a
+    string until max_tokens: that is not a server that ignores response_format."""
+    from aiohttp import web
+    from support import serving
+
+    async def chat(_request: web.Request) -> web.Response:
+        return web.json_response({"choices": [{"index": 0, "finish_reason": finish,
+                                               "message": {"role": "assistant",
+                                                           "content": text}}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    async with serving(app) as root:
+        figures = await run_checks(Target(url=f"{root}/v1", model="m"))
+    got = {c.id: c.verdict for c in figures.checks}
+    assert got["json_object"] == got["json_schema"] == verdict
