@@ -6,8 +6,8 @@ enters tokentop's dependencies. The model is a tiny random Llama written here: a
 BPE tokenizer trained by the `tokenizers` library on the prompt words (tests/
 tokenizer_families.py), and `LlamaForCausalLM` with random weights saved by the engine
 venv's `transformers` (head_dim 64: the CPU attention kernels have none for 16). The
-server is pinned to the cores after the first, the client (tests/engines/conftest.py) to
-the first, so each measures without the other in its way. The engine's own counters are
+server is pinned to the cores after the first, the client (`tokentop_client`) to the first,
+so each measures without the other in its way. The engine's own counters are
 read here straight from its /metrics, apart from tokentop's probes."""
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 from support import ROOT
 
-ENGINE_PYTHON = Path(os.environ.get("TOKENTOP_VLLM_PYTHON",
-                                    ROOT / ".engines" / "vllm" / "bin" / "python"))
+ENGINES = ROOT / ".engines"  # .ci/engines' venvs, its log and the pid of its install
+ENGINE_PYTHON = Path(os.environ.get("TOKENTOP_VLLM_PYTHON", ENGINES / "vllm" / "bin" / "python"))
+INSTALL_S = 1200.0  # the longest wait for .ci/engines' install under way beside the suite
 MODEL_NAME = "tiny-llama"
 MAX_NUM_SEQS = 4  # a batch this small queues at 8 streams: priority has something to order
 READY_S = 240.0  # ready in 23-42 s here; a cold page cache on a fresh machine takes longer
@@ -61,10 +62,6 @@ print(tok.get_vocab_size(), tok.token_to_id("<s>"), tok.token_to_id("</s>"))
 # a chat template of the simplest kind: the role, a colon, the text
 _CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                   "{% if add_generation_prompt %}assistant:{% endif %}")
-
-
-ENGINES = ROOT / ".engines"
-INSTALL_S = 1200.0  # the longest wait for .ci/engines' install under way beside the suite
 
 
 def skip_reason() -> str | None:
@@ -268,7 +265,8 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(20)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(10)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
 
 
 def metrics_text(root: str) -> str:
