@@ -95,15 +95,17 @@ class StreamingClient(RequestEnvelope[bytes]):
         conn: StreamConnection | None = None
         try:
             for attempt in (0, 1):
-                # a kept-alive connection is taken without a coroutine: the common case
-                conn = self._kept()
+                # a kept-alive connection is taken without a coroutine: the common case.
+                # The retry is on a new one: the other kept connections may be just as
+                # stale (llama.cpp's server closes each after a streamed answer, unsaid)
+                conn = self._kept() if attempt == 0 else None
                 reused = conn is not None
                 if conn is None:
                     conn = await self._open(measure.rec)
                 outcome = await conn.send(payload, measure)
                 # A kept-alive connection the server had just closed: try once more,
                 # fresh. No byte came, so the measure is untouched and goes on as is.
-                if reused and attempt == 0 and _closed_before_answer(outcome, conn):
+                if reused and _closed_before_answer(outcome, conn):
                     continue
                 break
         except (asyncio.CancelledError, TimeoutError):

@@ -195,3 +195,21 @@ async def test_a_stale_kept_alive_connection_is_retried_and_counted_once() -> No
     assert len(rec.connect) == 2 and len(rec.ttft) == 2
     # the retried request's clock started on its first try, before its new connection
     assert rec.ttft[1] >= rec.connect[1]
+
+
+async def test_the_retry_of_a_stale_connection_is_on_a_new_one_not_another_kept_one() -> None:
+    """A server that answers once per connection and closes it unsaid on the next request (as
+    llama.cpp's llama-server does after every streamed answer): with several connections
+    kept, each stale, the retry must open a new one, or it meets another stale one."""
+    streams, after = 4, 3
+    async with running_sim() as sim, Proxy(sim.url, drop_reused=True).running() as proxy:
+        rec = IntervalRecorder()
+        client = StreamingClient(f"http://127.0.0.1:{proxy.port}/v1/chat/completions", rec)
+        # `streams` at once leave as many connections kept, each answered once: stale
+        await asyncio.gather(*(sequential(client, 1) for _ in range(streams)))
+        await sequential(client, after)
+        client.close()
+    assert rec.counters.requests_ok == streams + after and rec.counters.errors == {}
+    # each later request: one send on a stale connection, then one on a new connection
+    assert proxy.connections == streams + after
+    assert proxy.requests == streams + 2 * after
