@@ -27,6 +27,7 @@ import aiohttp
 
 from loadgen.eval.results import Check, ConformanceFigures, EvalState, Verdict
 from loadgen.model.text import plain
+from loadgen.run.preflight import TOKENIZE_PROBE, TokenizeFailed, find_tokenize
 from probes.server_metrics import metrics_url_for, server_root
 
 TIMEOUT_S = 10.0  # a check's requests together
@@ -511,14 +512,21 @@ async def _malformed(p: Probe) -> Outcome:
 
 
 async def _tokenize(p: Probe) -> Outcome:
-    url = f"{p.target.root}/tokenize"
-    a = await p.post(url, {"model": p.model, "prompt": "hello world"})
-    if a.status != 200:  # llama.cpp's shape
-        a = await p.post(url, {"content": "hello world"})
-    tokens = a.body.get("tokens") if a.status == 200 and isinstance(a.body, dict) else None
-    if isinstance(tokens, list) and tokens:
-        return "yes", f"HTTP 200, {len(tokens)} tokens for 'hello world'"
-    return "no", f"HTTP {a.status}: {a.message()}"
+    """Whether `--tokenizer server` can count with the target: its endpoint found as the run
+    finds it, in whichever shape the server takes (llama.cpp answers vLLM's shape with 200
+    and no tokens, so a first answer's status says nothing)."""
+    found = await find_tokenize(p.session, p.target.base, p.model, None,
+                                tuple(p.target.headers.items()))
+    if found is None:
+        return "no", (f"no POST /tokenize that counts {TOKENIZE_PROBE!r} in vLLM's, "
+                      "llama.cpp's or TGI's shape")
+    try:
+        tokens = await found.one(TOKENIZE_PROBE)
+    except TokenizeFailed as e:  # it counted a moment ago
+        return "no", f"{found}: {e}"
+    path = found.url.removeprefix(p.target.root)
+    return "yes", (f"HTTP 200, {tokens} tokens for {TOKENIZE_PROBE!r} ({found.shape}'s "
+                   f"shape, {path})")
 
 
 async def _metrics(p: Probe) -> Outcome:

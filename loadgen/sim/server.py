@@ -417,6 +417,12 @@ class SimServer:
             return error_response(400, f"The body is not valid JSON: {exc}", "BadRequestError")
         if not isinstance(body, dict):
             return error_response(400, "The body must be a JSON object.", "BadRequestError")
+        if self.cfg.metrics_dialect == "llamacpp":
+            # as llama.cpp's server: `content` only, any other body the empty text (200, no
+            # tokens; a real one answers vLLM's shape so), the model never asked
+            text = body.get("content")
+            body = {"content": text if isinstance(text, str) else "",
+                    "add_special": body.get("add_special")}
         model = body.get("model")
         if model is not None and model != self.cfg.model_name:
             return error_response(404, f"The model `{model}` does not exist.", "NotFoundError")

@@ -71,6 +71,17 @@ async def test_a_simulator_serving_every_feature_passes_every_check(tokenizer):
     assert {c.id: c.evidence for c in figures.checks if c.verdict != "yes"} == {}
 
 
+async def test_tokenize_is_found_in_llamacpps_shape_though_vllms_is_answered_200(tokenizer):
+    """llama.cpp's server answers vLLM's tokenize body with 200 and no tokens (it reads only
+    `content`; a real one does so, seen in the tier): the check finds the shape that counts,
+    as the run's --tokenizer server does, and says which."""
+    async with running_sim(tokenizer=tokenizer, metrics_dialect="llamacpp", **SIM) as sim:
+        figures = await run_checks(Target(url=sim.url))
+    check = next(c for c in figures.checks if c.id == "tokenize")
+    assert check.verdict == "yes", check.evidence
+    assert check.evidence == "HTTP 200, 2 tokens for 'hello world' (llama.cpp's shape, /tokenize)"
+
+
 @pytest.mark.parametrize("broken", [
     sorted(set(BREAKABLE) - {"ignore_eos", "min_tokens"}), ["min_tokens"], ["ignore_eos"]],
     ids=["most", "min_tokens", "ignore_eos"])
