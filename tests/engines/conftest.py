@@ -1,9 +1,9 @@
-"""The real-engine tier's fixture: one vLLM for the whole test run (its start is most of the
-tier's cost), skipped in words where it cannot run.
+"""The real-engine tier's fixtures: one vLLM and one llama.cpp for the whole test run (their
+start is most of the tier's cost), each skipped in words where it cannot run.
 
-The tier's tests run last, and the engine comes up at idle priority in the background as
-soon as they are collected: while the rest of the suite runs, its start costs the suite's
-wall clock nothing."""
+The tier's tests run last, and each engine they use comes up at idle priority in the
+background as soon as they are collected: while the rest of the suite runs, its start costs
+the suite's wall clock nothing."""
 
 from __future__ import annotations
 
@@ -11,37 +11,67 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import llamacpp_engine
 import pytest
-from vllm_engine import Engine, Vllm, skip_reason
+import vllm_engine
+from engine import Engine, Server
+from evals import run_eval
 
-_engine: Engine | None = None
+# each engine the tier knows: its fixture's name -> (its class, why it cannot run here)
+_KINDS = {"vllm": (vllm_engine.Vllm, vllm_engine.skip_reason),
+          "llamacpp": (llamacpp_engine.Llamacpp, llamacpp_engine.skip_reason)}
+_engines: dict[str, Engine] = {}
 
 
-def _uses_engine(item: pytest.Item) -> bool:
-    return "vllm" in getattr(item, "fixturenames", ())
+def _kinds(item: pytest.Item) -> set[str]:
+    return set(_KINDS) & set(getattr(item, "fixturenames", ()))
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
-    global _engine
-    tier = [i for i in items if _uses_engine(i)]
-    if not tier or skip_reason() is not None:
+    tier = [i for i in items if _kinds(i)]
+    if not tier:
         return
-    rest = [i for i in items if not _uses_engine(i)]
+    rest = [i for i in items if not _kinds(i)]
     items[:] = rest + tier
-    _engine = Engine(Path(tempfile.mkdtemp(prefix="tokentop-vllm-")))
-    _engine.start(idle=bool(rest))
+    for kind in set().union(*map(_kinds, tier)):
+        cls, skip_reason = _KINDS[kind]
+        if skip_reason() is None:
+            _engines[kind] = cls(Path(tempfile.mkdtemp(prefix=f"tokentop-{kind}-")))
+            _engines[kind].start(idle=bool(rest))
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    if _engine is not None:  # also where the fixture never ran (-x stopped earlier)
-        _engine.stop()
-        shutil.rmtree(_engine.workdir, ignore_errors=True)
+    for engine in _engines.values():  # also where a fixture never ran (-x stopped earlier)
+        engine.stop()
+        shutil.rmtree(engine.workdir, ignore_errors=True)
+
+
+def _ready(kind: str) -> Server:
+    reason = _KINDS[kind][1]()
+    if reason is not None:
+        pytest.skip(reason)
+    assert kind in _engines, f"{kind} is started at collection"
+    return _engines[kind].ready()
 
 
 @pytest.fixture(scope="session")
-def vllm() -> Vllm:
-    reason = skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    assert _engine is not None, "the engine is started at collection"
-    return _engine.ready()
+def vllm() -> Server:
+    return _ready("vllm")
+
+
+@pytest.fixture(scope="session")
+def llamacpp() -> Server:
+    return _ready("llamacpp")
+
+
+@pytest.fixture(scope="session")
+def vllm_eval(vllm, tmp_path_factory) -> tuple[Path, dict]:
+    """`tokentop eval` of vLLM (evals.EVAL_PLAN): its folder and its eval.json."""
+    out = tmp_path_factory.mktemp("evals") / "vllm"
+    return out, run_eval(vllm, out)
+
+
+@pytest.fixture(scope="session")
+def llamacpp_eval(llamacpp, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("evals") / "llamacpp"
+    return out, run_eval(llamacpp, out)

@@ -36,10 +36,10 @@ def families(text: str, prefix: str) -> dict[str, Family]:
     return out
 
 
-async def simulator_page() -> str:
-    """The simulator's vllm page after it served requests, with a prefix cache: every family
-    it can show is on it."""
-    async with running_sim(metrics_dialect="vllm", prefix_cache_tokens=4096) as sim, \
+async def simulator_page(dialect: str = "vllm") -> str:
+    """The simulator's page in `dialect` after it served requests, with a prefix cache: every
+    family it can show is on it."""
+    async with running_sim(metrics_dialect=dialect, prefix_cache_tokens=4096) as sim, \
             aiohttp.ClientSession() as http:
         for _ in range(3):
             async with http.post(f"{sim.url}/chat/completions", data=chat_body(4),

