@@ -31,7 +31,7 @@ TTFT_MARGIN_MS = 25.0  # the client's TTFT over the engine's prompt time: HTTP, 
 CAPTURES = FIXTURES / "captures" / "llamacpp"
 
 
-def _load(server, tmp_path, seed: int, *flags: str, duration: str = "3", c: str = "2"):
+def _load(server, tmp_path, seed: int, *flags: str, duration: str = "2", c: str = "2"):
     before = counters(server.root)
     summary = run_client("--url", server.url, "-c", c, "--duration", duration, "--warmup", "0",
                          "--seed", str(seed), *flags, out=tmp_path / "run")
