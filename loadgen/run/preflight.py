@@ -228,14 +228,21 @@ class ServerTokenize:
     async def one(self, text: str) -> int:
         """Tokens of `text`; raises TokenizeFailed (with the HTTP status, if one came)."""
         timeout = aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT_S)
-        try:
-            async with self.session.post(self.url, json=self.body(text), headers=self.headers,
-                                         timeout=timeout) as r:
-                if r.status != 200:
-                    raise TokenizeFailed(f"HTTP {r.status}", r.status)
-                answer = await r.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            raise TokenizeFailed(str(e) or type(e).__name__) from None
+        for attempt in (0, 1):
+            try:
+                async with self.session.post(self.url, json=self.body(text),
+                                             headers=self.headers, timeout=timeout) as r:
+                    if r.status != 200:
+                        raise TokenizeFailed(f"HTTP {r.status}", r.status)
+                    answer = await r.json(content_type=None)
+                break
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                # a kept-alive connection the server had closed (llama.cpp's server closes
+                # them unsaid): counting is idempotent, so once more on a new one
+                if attempt:
+                    raise TokenizeFailed(str(e) or type(e).__name__) from None
+            except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                raise TokenizeFailed(str(e) or type(e).__name__) from None
         if isinstance(answer, dict) and isinstance(answer.get("count"), int):
             return answer["count"]
         if isinstance(answer, dict) and isinstance(answer.get("tokens"), list):

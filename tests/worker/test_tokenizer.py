@@ -209,3 +209,34 @@ async def test_tokenizer_server_without_an_endpoint_is_exit_2():
                                        "--tokenizer=server", "--duration=1", "--no-record")
     assert done.returncode == 2
     assert "no tokenize endpoint" in done.stderr.strip().splitlines()[-1]
+
+
+async def test_a_tokenize_on_a_connection_the_server_closed_is_sent_again() -> None:
+    """A server that answers once per connection and drops the next request on it unanswered
+    (as llama.cpp's closes its connections, unsaid): counting is idempotent, so the count is
+    asked again on a new connection, not failed (CI saw `--tokenizer server` fail so)."""
+    served: dict[int, int] = {}
+
+    async def tokenize(request: web.Request) -> web.Response:
+        conn = id(request.transport)
+        served[conn] = served.get(conn, 0) + 1
+        if served[conn] > 1:
+            assert request.transport is not None
+            request.transport.abort()
+        return web.json_response({"tokens": [1, 2]})
+
+    app = web.Application()
+    app.router.add_post("/tokenize", tokenize)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        base = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+        async with aiohttp.ClientSession() as http:
+            endpoint = await find_tokenize(http, base, "m", None)
+            assert endpoint is not None
+            assert [await endpoint.one("hello world") for _ in range(3)] == [2, 2, 2]
+    finally:
+        await runner.cleanup()
+    assert len(served) == 4  # the probe's connection, then a new one after each drop
