@@ -414,6 +414,8 @@ class TokentopApp(App[None]):
     def _refresh_screen(self) -> None:
         """Redraw in one batch, only if something new arrived since the last draw (a
         Snapshot, or news in the source's status)."""
+        if not self.is_running:  # shutting down: the screens' widgets are being taken down
+            return
         status = self.source.status()
         if status != self._status:
             self._status = status

@@ -86,6 +86,8 @@ class FleetApp(App[str | None]):
         self.query_one(FleetTable).focus()
 
     def _redraw(self) -> None:
+        if not self.is_running:  # shutting down: the widgets are being taken down
+            return
         m = self.monitor
         link = "connected" if m.connected else f"[red]{literal(m.last_error or 'connecting…')}[/]"
         target = "[b reverse] ALL AGENTS [/]" if self.all_agents else "selected agent"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 
+import msgspec
 import pytest
 from scripted_source import ScriptedSource, make_snapshot, make_snapshots
 from textual.pilot import Pilot
@@ -11,6 +14,7 @@ from textual.widget import Widget
 
 from loadgen.model import units
 from loadgen.model.snapshot import ServerMetrics
+from loadgen.model.source import SourceStatus
 from tui.app import TokentopApp
 from tui.format import NO_SAMPLES
 from tui.help_screen import HelpScreen
@@ -119,6 +123,35 @@ async def test_q_closes_the_source_and_exits() -> None:
         await wait_until(pilot, lambda: app.return_code is not None)
     assert src.closed
     assert app.return_code == 0
+
+
+class NewsEveryTick(ScriptedSource):
+    """A run whose status has news at every look (a live run's header does): every tick of
+    the console redraws."""
+
+    def status(self) -> SourceStatus:
+        return msgspec.structs.replace(super().status(), description=f"{time.monotonic()}")
+
+
+class SlowToUnmount(Widget):
+    """A widget that takes a while to go, so that the screens' teardown lasts some ticks."""
+
+    async def on_unmount(self) -> None:
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+
+async def test_leaving_draws_nothing_on_widgets_being_taken_down() -> None:
+    # CI once saw a redraw during the screens' teardown look for the events panel already
+    # removed (NoMatches), and the test's exit raise it
+    src = NewsEveryTick(make_snapshots(3), hold=True)
+    app = TokentopApp(src, refresh=0.01)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_drawn(pilot, app, 2)
+        await app.screen.mount(SlowToUnmount())
+        # leaving run_test shuts the app down with its clock still going (no exit() first)
+    assert src.closed
 
 
 async def test_start_error_is_shown_and_q_still_quits() -> None:
