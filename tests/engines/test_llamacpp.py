@@ -126,7 +126,11 @@ def test_the_live_streams_have_the_captured_shape(llamacpp, path, body, capture)
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as resp:
         live = chunk_kinds(resp.read().decode())
-    assert live == chunk_kinds((CAPTURES / capture).read_text())
+    captured = chunk_kinds((CAPTURES / capture).read_text())
+    # llama.cpp sends its role chunk only with the first token decoded: where that token is
+    # part of a character (the random model's bytes often are) the first chunk it sends comes
+    # later, as content alone (CI saw both). The rest of the shape is fixed.
+    assert live in (captured, [k for k in captured if k != "role"]), (live, captured)
 
 
 # what llama.cpp really does (each seen in its answers here, and checked against the engine
