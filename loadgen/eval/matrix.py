@@ -496,7 +496,7 @@ def _efficiency_rows(results: Results) -> Iterator[Row]:
     util = base and _given(base.gpu_util_pct)
     yield Row(dim, "GPU utilisation (baseline)", util, "%", None,
               note=why or ("" if util is not None else "no GPU"), id="efficiency.gpu_util")
-    yield _kv_row(dim, results, why)
+    yield _kv_row(dim, results)
     per_request = base and _given(base.gpu_memory_mb_per_in_flight)
     # a fact, not better or worse: an engine preallocates, so this is its pool ÷ N
     yield Row(dim, "GPU memory used ÷ requests in flight", per_request, "MB", None,
@@ -505,15 +505,16 @@ def _efficiency_rows(results: Results) -> Iterator[Row]:
               id="efficiency.gpu_memory_per_request")
 
 
-def _kv_row(dim: str, results: Results, why: str) -> Row:
-    """Memory per request as the engine's KV cache shows it (the baseline's window)."""
+def _kv_row(dim: str, results: Results) -> Row:
+    """Memory per request as the engine's KV cache shows it: the baseline's figure, over its
+    window, whatever became of the efficiency phase."""
     f, base_why = _ran(results.baseline, "baseline")
     kv = f and _given(f.kv_per_request)
     if kv is None:
         return Row(dim, "KV cache per request in flight", None, "", "lower",
-                   note=why or base_why or NOT_RECORDED, id="efficiency.kv_per_request")
+                   note=base_why or NOT_RECORDED, id="efficiency.kv_per_request")
     return Row(dim, "KV cache per request in flight", kv.value, kv.unit or "", "lower",
-               note=why or kv.why or "", id="efficiency.kv_per_request", samples=kv.samples,
+               note=kv.why or "", id="efficiency.kv_per_request", samples=kv.samples,
                load=f.load if f else "")
 
 

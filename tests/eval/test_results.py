@@ -20,6 +20,7 @@ import msgspec
 import pytest
 
 from loadgen.eval import battery, compare, matrix, results
+from loadgen.eval.efficiency import KvPerRequest
 from loadgen.eval.phases import ABOUT, LOADED, PHASES
 from loadgen.eval.plan import Phases
 from loadgen.eval.results import (
@@ -98,6 +99,22 @@ def test_every_figure_of_a_full_eval_is_in_its_row():
     assert {r.id.split(".")[0] for r in rows if r.value is None} == {
         "baseline", "faults", "leaks", "efficiency"}
     assert len({r.id for r in rows}) == len(rows)  # an id names one row
+
+
+def test_the_kv_row_is_the_baselines_whatever_became_of_the_efficiency_phase():
+    # the KV cache per request is the baseline's figure: the efficiency phase skipped leaves
+    # it as the baseline measured it, and its note never blames the efficiency phase
+    ev = state("eval-filled")  # it predates the figure: one is set here
+    kv = KvPerRequest(value=12.5, unit="MB", tokens=800.0, samples=30,
+                      source="the engine's KV cache usage", why=None)
+    ev.phases.baseline.figures.kv_per_request = kv
+    ev.phases.put("efficiency", skipped("disabled in the plan"))
+    row = next(r for r in matrix.state_rows(ev) if r.id == "efficiency.kv_per_request")
+    assert (row.value, row.unit) == (kv.value, kv.unit)
+    assert "efficiency" not in row.note and "disabled" not in row.note, row.note
+    ev.phases.put("baseline", skipped("disabled in the plan"))
+    row = next(r for r in matrix.state_rows(ev) if r.id == "efficiency.kv_per_request")
+    assert row.value is None and row.note == "baseline skipped: disabled in the plan"
 
 
 def test_the_phases_are_named_once():
