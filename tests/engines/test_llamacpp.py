@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 from dialect import chunk_kinds, differences, families, simulator_page
 from engine import counters, delta, metrics_text, run_client
-from evals import evidence, verdicts
+from evals import as_expected, evidence, verdicts
 from llamacpp_engine import SLOTS
 from support import FIXTURES
 
@@ -145,6 +145,10 @@ LLAMACPP_NOT_YES = {
     "stop": {"yes", "partial"}, "min_tokens": {"yes", "partial"},
     "json_object": {"yes", "partial"}, "json_schema": {"yes", "partial"},
 }
+# llama.cpp parses its own constrained output again, and where the random model's text
+# breaks its parser it fails the request (HTTP 500, "does not match the expected ...
+# format"), as CI saw: a real "no", asserted with those words below
+LLAMACPP_PARSER = "does not match the expected"
 
 
 def test_an_eval_of_llamacpp_end_to_end(llamacpp, llamacpp_eval) -> None:
@@ -160,7 +164,11 @@ def test_an_eval_of_llamacpp_end_to_end(llamacpp, llamacpp_eval) -> None:
     for row in state["rows"]:
         assert row["value"] is not None or row["note"], row
     for cid, verdict in verdicts(state).items():
-        assert verdict in LLAMACPP_NOT_YES.get(cid, {"yes"}), (cid, evidence(state)[cid])
+        said = evidence(state)[cid]
+        if cid in ("json_object", "json_schema") and LLAMACPP_PARSER in said:
+            assert verdict == "no", (cid, verdict, said)
+            continue
+        assert as_expected(verdict, said, LLAMACPP_NOT_YES.get(cid, {"yes"})), (cid, said)
     assert "llama.cpp's shape" in evidence(state)["tokenize"]
     rows = {r["id"]: r for r in state["rows"]}
     assert rows["ramp.knee"]["value"] == len(_get(llamacpp, "/slots"))

@@ -14,7 +14,7 @@ import time
 import pytest
 from dialect import chunk_kinds, differences, families, simulator_page
 from engine import counters, delta, metrics_text, run_client
-from evals import evidence, verdicts
+from evals import as_expected, evidence, verdicts
 from prometheus_client.parser import text_string_to_metric_families
 from support import FIXTURES
 
@@ -216,6 +216,7 @@ def test_an_eval_of_vllm_end_to_end(vllm_eval) -> None:
     for row in state["rows"]:
         assert row["value"] is not None or row["note"], row
     for cid, verdict in verdicts(state).items():
-        assert verdict in VLLM_NOT_YES.get(cid, {"yes"}), (cid, evidence(state)[cid])
+        said = evidence(state)[cid]
+        assert as_expected(verdict, said, VLLM_NOT_YES.get(cid, {"yes"})), (cid, said)
     assert "tool-call-parser" in evidence(state)["tools"]
     assert evidence(state)["models"] == "HTTP 200: tiny-llama"
