@@ -7,6 +7,7 @@ kill's timestamp to when the restarted simulator listens, within the probes' 250
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from support import ROOT, WAIT_S, start_sim_process, tokentop
 
@@ -315,10 +317,13 @@ def test_chaos_kill_and_restart_mttr_matches_the_real_downtime(tmp_path):
             first.kill()
         again = find_listener(port)  # the restarted simulator, and the shell around it
         if again is not None:
-            shell = again.parent()
-            again.kill()
-            if shell is not None and str(marker) in " ".join(shell.cmdline()):
-                shell.kill()
+            # the shell may end (a zombie) as soon as its simulator does: read it first
+            with contextlib.suppress(psutil.Error):
+                shell = again.parent()
+                ours = shell is not None and str(marker) in " ".join(shell.cmdline())
+                again.kill()
+                if ours:
+                    shell.kill()
 
 
 DCGM = (ROOT / "tests" / "fixtures" / "metrics" / "dcgm-exporter.txt").read_text()
