@@ -3,9 +3,10 @@ start is most of the tier's cost), each skipped in words where it cannot run.
 
 The tier's tests run last. Run alone, each engine they use comes up at idle priority in the
 background as soon as they are collected: while the rest of the suite runs, its start costs
-the suite's wall clock nothing. Under pytest-xdist (CI's `-n 2 --dist loadgroup`) every
-worker collects the whole suite, but the tier is one xdist group run by one worker: the
-engines start there, at the first of its tests, never once per worker."""
+the suite's wall clock nothing. Under pytest-xdist (`-n 2 --dist loadgroup`) every worker
+collects the whole suite, but the tier is one xdist group run by one worker: the engines
+start there, at the first of its tests, never once per worker. (xdist hands its largest
+group out first, so there the tier runs first; CI runs it apart, after the rest: .ci/run.)"""
 
 from __future__ import annotations
 
