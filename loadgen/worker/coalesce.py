@@ -13,11 +13,6 @@ connection is stamped that way. What a nap does delay, by NAP_S at most, is the 
 own work: a request sent, a timer due. The loop-lag meter sees that, as it sees any lag.
 At a low rate a nap would cost more wake-ups than it saves, so it runs only while the
 last report's interval brought at least ON_RATE chunks a second, and stops below OFF_RATE.
-
-The same report switches the kernel's stamps themselves (loadgen.worker.stamped.Stamping):
-a `recvmsg` costs a few µs a wake-up more than a `recv`, and with one stream in flight no
-chunk waits behind another's, so the loop's clock is as true. From two streams in flight
-on, or while napping, every read takes the kernel's stamp.
 """
 
 from __future__ import annotations
@@ -25,27 +20,22 @@ from __future__ import annotations
 import asyncio
 import time
 
-from loadgen.worker.stamped import Stamping
-
 NAP_S = 0.0002  # ~10 chunks a turn at 1000 streams; 0.2 ms a send or timer may wait
 ON_RATE = 5000.0  # chunks/s: a nap then finds one chunk waiting, on average
 OFF_RATE = 2500.0  # below this, napping wakes more often than the chunks would
 
 
 class Coalescer:
-    """Naps between the loop's turns while the chunk rate is high, and says when reads
-    take the kernel's stamps (see the module)."""
+    """Naps between the loop's turns while the chunk rate is high (see the module)."""
 
-    def __init__(self, stamping: Stamping, nap_s: float = NAP_S) -> None:
-        self.stamping = stamping
+    def __init__(self, nap_s: float = NAP_S) -> None:
         self.nap_s = nap_s
         self.on = False
         self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def rate(self, chunks: int, seconds: float, in_flight: int) -> None:
-        """The last interval's chunks and the streams in flight now: switch napping and
-        the kernel's stamps on or off."""
+    def rate(self, chunks: int, seconds: float) -> None:
+        """The last interval's chunks: switch napping on or off."""
         if seconds <= 0:
             return
         r = chunks / seconds
@@ -57,7 +47,6 @@ class Coalescer:
                 self._loop.call_soon(self._nap)
         elif self.on and r < OFF_RATE:
             self.on = False  # the next nap is the last
-        self.stamping.kernel = self.on or in_flight >= 2
 
     def _nap(self) -> None:
         if not self.on:

@@ -5,8 +5,7 @@ aiohttp's `iter_any` wakes a coroutine and builds objects, ~18-30 µs on this
 machine; an `asyncio.Protocol` fed through httptools' C parser measures each
 chunk inside `data_received`, with no coroutine switch at all (README, "How it is
 built": the hot path, measured). The arrival time is taken first thing in
-`data_received`, before any parsing, or comes with the bytes as the kernel stamped them
-(`data_received_at`, from loadgen.worker.stamped).
+`data_received`, before any parsing.
 
 One connection carries one request at a time (a closed-loop user keeps its
 own connection, as a real client with keep-alive would).
@@ -39,10 +38,8 @@ class Endpoint:
         self.tls = parts.scheme == "https"
         self.port = parts.port or (443 if self.tls else 80)
         self.ssl = ssl.create_default_context() if self.tls else None
-        # arrivals as the kernel stamped them (loadgen.worker.stamped): plain HTTP only;
-        # `stamping` says when its reads take the stamp
+        # arrivals as the kernel stamped them (loadgen.worker.stamped): plain HTTP only
         self.kernel_stamps = stamped.AVAILABLE and not self.tls
-        self.stamping = stamped.Stamping()
         path = parts.path or "/"
         host_header = parts.netloc.rsplit("@", 1)[-1]
         head = (
@@ -172,7 +169,7 @@ class StreamConnection(asyncio.Protocol):
 async def open_connection(ep: Endpoint, timeout: float) -> StreamConnection:
     async with asyncio.timeout(timeout):
         if ep.kernel_stamps:
-            _, conn = await stamped.connect(ep.host, ep.port, StreamConnection, ep.stamping)
+            _, conn = await stamped.connect(ep.host, ep.port, StreamConnection)
             return conn
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(

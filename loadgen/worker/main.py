@@ -86,7 +86,7 @@ class Worker:
         # wake-ups coalesced while chunks come fast, where every arrival is the kernel's
         # stamp and so no nap makes one late (loadgen.worker.coalesce)
         stamped = isinstance(self.client, StreamingClient) and self.client.endpoint.kernel_stamps
-        self.coalesce = Coalescer(self.client.endpoint.stamping) if stamped else None
+        self.coalesce = Coalescer() if stamped else None
         self._report_mark = time.perf_counter()
         # multi-turn: each closed-loop user's conversation, by user
         self.conversations: dict[int, Conversation] = {}
@@ -233,7 +233,7 @@ class Worker:
         if self.coalesce is not None:
             now = time.perf_counter()
             chunks = len(self.rec.icl) + sum(len(r.icl) for r in self.class_recs)
-            self.coalesce.rate(chunks, now - self._report_mark, self.client.in_flight)
+            self.coalesce.rate(chunks, now - self._report_mark)
             self._report_mark = now
         counters, hists, errors = self.rec.take()
         classes = self._take_classes(counters, errors, error_at)

@@ -42,27 +42,13 @@ _unpack = _TIMESPEC.unpack
 _ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size)
 
 
-class Stamping:
-    """Whether a client's reads take the kernel's stamp (`recvmsg`) or the loop's clock
-    (`recv`, a few µs cheaper a wake-up): shared by its connections, switched by its worker
-    (loadgen.worker.coalesce). One stream alone never waits behind another's chunk, so the
-    loop's clock is as true for it as the kernel's; from two streams on, a chunk can."""
-
-    __slots__ = ("kernel",)
-
-    def __init__(self, kernel: bool = True) -> None:
-        self.kernel = kernel
-
-
 class StampedTransport(asyncio.Transport):
     """One connected non-blocking TCP socket: reads stamped by the kernel, writes sent
     straight away (a request is one small write; what the socket does not take waits for
     it to be writable)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol,
-                 stamping: Stamping) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol) -> None:
         super().__init__()
-        self._stamping = stamping
         self._loop = loop
         self._sock = sock
         self._fd = sock.fileno()
@@ -74,12 +60,8 @@ class StampedTransport(asyncio.Transport):
         loop.add_reader(self._fd, self._readable)
 
     def _readable(self) -> None:
-        sock = self._sock
         try:
-            if self._stamping.kernel:
-                data, anc, _, _ = sock.recvmsg(READ_SIZE, _ANC_SIZE)
-            else:
-                data, anc = sock.recv(READ_SIZE), None
+            data, anc, _, _ = self._sock.recvmsg(READ_SIZE, _ANC_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
@@ -154,10 +136,9 @@ class StampedTransport(asyncio.Transport):
         self._loop.call_soon(self._protocol.connection_lost, exc)
 
 
-async def connect(host: str, port: int, protocol_factory, stamping: Stamping):
+async def connect(host: str, port: int, protocol_factory):
     """A StampedTransport to host:port (each address getaddrinfo gives, in turn) and its
-    protocol; OSError in the words of the last address's failure. The socket stamps from
-    the start: the cost is the read's, and only while `stamping.kernel`."""
+    protocol; OSError in the words of the last address's failure."""
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     error: OSError = OSError(f"no address for {host}")
@@ -176,5 +157,5 @@ async def connect(host: str, port: int, protocol_factory, stamping: Stamping):
             sock.close()
             raise
         protocol = protocol_factory()
-        return StampedTransport(loop, sock, protocol, stamping), protocol
+        return StampedTransport(loop, sock, protocol), protocol
     raise error

@@ -113,8 +113,7 @@ def _tcp_pair() -> tuple[socket.socket, socket.socket]:
     return a, b
 
 
-async def _read_one(step_s: float, hold_s: float,
-                    kernel: bool = True) -> tuple[float, float, float]:
+async def _read_one(step_s: float, hold_s: float) -> tuple[float, float, float]:
     """Send a few bytes to a StampedTransport over a real socket pair, read after the loop
     was held `hold_s`: (sent, arrived as delivered, read by) on perf_counter."""
     loop = asyncio.get_running_loop()
@@ -124,7 +123,7 @@ async def _read_one(step_s: float, hold_s: float,
     ours.setblocking(False)
     ours.setsockopt(socket.SOL_SOCKET, stamped.SO_TIMESTAMPNS, 1)
     proto = _Arrivals()
-    transport = stamped.StampedTransport(loop, ours, proto, stamped.Stamping(kernel))
+    transport = stamped.StampedTransport(loop, ours, proto)
     try:
         sent = time.perf_counter()
         b.send(b"data: {}\n\n")
@@ -149,12 +148,6 @@ async def test_a_read_is_stamped_when_its_bytes_arrived_not_when_read():
     assert read_by - arrived >= 0.045
 
 
-async def test_reads_switched_to_the_loop_clock_are_stamped_when_read():
-    # one stream in flight: no chunk waits behind another's, and a recv is cheaper
-    sent, arrived, read_by = await _read_one(0.0, hold_s=0.05, kernel=False)
-    assert sent + 0.05 <= arrived <= read_by
-
-
 @pytest.mark.parametrize("step_s", [3600.0, -3600.0], ids=["clock ahead", "clock behind"])
 async def test_a_stamp_across_a_wall_clock_step_falls_back_to_the_read_time(step_s):
     # a stamp an hour off cannot be a wait: the read is stamped when it was read, as
@@ -173,29 +166,17 @@ async def _turns(seconds: float) -> int:
 
 
 async def test_the_loop_naps_only_while_chunks_come_fast():
-    stamping = stamped.Stamping()
-    c = coalesce.Coalescer(stamping)
+    c = coalesce.Coalescer()
     free = await _turns(0.1)
-    c.rate(int(coalesce.ON_RATE * 2), 1.0, in_flight=1)
-    assert c.on and stamping.kernel  # a nap needs the kernel's stamps, even for one stream
-    napping = await _turns(0.1)
-    c.rate(int(coalesce.ON_RATE * 0.8), 1.0, in_flight=1)  # between the two rates: it stays on
+    c.rate(int(coalesce.ON_RATE * 2), 1.0)
     assert c.on
-    c.rate(int(coalesce.OFF_RATE * 0.5), 1.0, in_flight=1)
-    assert not c.on and not stamping.kernel
+    napping = await _turns(0.1)
+    c.rate(int(coalesce.ON_RATE * 0.8), 1.0)  # between the two rates: it stays on
+    assert c.on
+    c.rate(int(coalesce.OFF_RATE * 0.5), 1.0)
+    assert not c.on
     await asyncio.sleep(0.01)  # the nap under way ends
     after = await _turns(0.1)
     # a nap a turn: at most 0.1 s / NAP_S turns (500) where an idle loop turns thousands
     assert napping <= 0.1 / coalesce.NAP_S, (free, napping, after)
     assert free >= 5 * napping and after >= 5 * napping, (free, napping, after)
-
-
-def test_the_kernels_stamps_are_taken_from_two_streams_in_flight():
-    stamping = stamped.Stamping()
-    c = coalesce.Coalescer(stamping)
-    seen = []
-    for in_flight in (0, 1, 2, 64, 1):
-        c.rate(10, 1.0, in_flight)
-        seen.append(stamping.kernel)
-    assert seen == [False, False, True, True, False]
-    assert not c.on
