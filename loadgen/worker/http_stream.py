@@ -9,9 +9,6 @@ built": the hot path, measured). The arrival time is taken first thing in
 
 One connection carries one request at a time (a closed-loop user keeps its
 own connection, as a real client with keep-alive would).
-
-Plain HTTP on Linux travels over loadgen.worker.stamped's transport instead of uvloop's:
-the same protocol, told each read's arrival as the kernel stamped it.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from loadgen.worker import stamped
 from loadgen.worker.stream_measure import StreamMeasure
 
 MAX_ERROR_BODY = 4000
@@ -38,8 +34,6 @@ class Endpoint:
         self.tls = parts.scheme == "https"
         self.port = parts.port or (443 if self.tls else 80)
         self.ssl = ssl.create_default_context() if self.tls else None
-        # arrivals as the kernel stamped them (loadgen.worker.stamped): plain HTTP only
-        self.kernel_stamps = stamped.AVAILABLE and not self.tls
         path = parts.path or "/"
         host_header = parts.netloc.rsplit("@", 1)[-1]
         head = (
@@ -85,11 +79,7 @@ class StreamConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        self.data_received_at(data, perf_counter())  # arrival time, before anything else
-
-    def data_received_at(self, data: bytes, now: float) -> None:
-        """`data` arrived at `now` (perf_counter): the kernel's stamp where there is one."""
-        self._now = now
+        self._now = perf_counter()  # arrival time, before anything else
         self.got_bytes = True
         try:
             self.parser.feed_data(data)
@@ -167,11 +157,8 @@ class StreamConnection(asyncio.Protocol):
 
 
 async def open_connection(ep: Endpoint, timeout: float) -> StreamConnection:
+    loop = asyncio.get_running_loop()
     async with asyncio.timeout(timeout):
-        if ep.kernel_stamps:
-            _, conn = await stamped.connect(ep.host, ep.port, StreamConnection)
-            return conn
-        loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(
             StreamConnection, ep.host, ep.port, ssl=ep.ssl,
             server_hostname=ep.host if ep.ssl else None,

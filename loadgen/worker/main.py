@@ -26,7 +26,6 @@ import time
 from loadgen.model.snapshot import Counters
 from loadgen.worker import eventloop, wire
 from loadgen.worker.client import StreamingClient
-from loadgen.worker.coalesce import Coalescer
 from loadgen.worker.conversation import Conversation
 from loadgen.worker.interval import IntervalRecorder, merge_sparse
 from loadgen.worker.limits import raise_open_file_limit
@@ -83,11 +82,6 @@ class Worker:
         self.sent = 0
         url = cfg.base_url.rstrip("/") + cfg.workload.path
         self.client = make_client(cfg, url, self.rec, self.factory.chunk_tokens)
-        # wake-ups coalesced while chunks come fast, where every arrival is the kernel's
-        # stamp and so no nap makes one late (loadgen.worker.coalesce)
-        stamped = isinstance(self.client, StreamingClient) and self.client.endpoint.kernel_stamps
-        self.coalesce = Coalescer() if stamped else None
-        self._report_mark = time.perf_counter()
         # multi-turn: each closed-loop user's conversation, by user
         self.conversations: dict[int, Conversation] = {}
         turns = cfg.workload.turns > 1
@@ -230,11 +224,6 @@ class Worker:
 
     def _report(self, seq: int) -> wire.Report:
         error_at = self.rec.error_at  # take() starts a fresh one
-        if self.coalesce is not None:
-            now = time.perf_counter()
-            chunks = len(self.rec.icl) + sum(len(r.icl) for r in self.class_recs)
-            self.coalesce.rate(chunks, now - self._report_mark)
-            self._report_mark = now
         counters, hists, errors = self.rec.take()
         classes = self._take_classes(counters, errors, error_at)
         if classes:
